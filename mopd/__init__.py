@@ -1,0 +1,1 @@
+"""mopd: multi-teacher on-policy distillation."""
