@@ -1,0 +1,277 @@
+"""Recipe YAML: the pydantic schema, teacher specs, command-line overrides and clear errors.
+
+A recipe names the whole pipeline: base → nine teachers → MOPD → benchmark. Teachers are
+described by specs in `teachers/<domain>-<effort>.yaml`; a recipe refers to them and may
+override any field. Every mistake (bad YAML, unknown key, wrong type) becomes one `RecipeError`
+that names the file and the field, raised before any work starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mopd.envs.base import DOMAINS, EFFORTS
+
+CELLS: tuple[str, ...] = tuple(f"{d}-{e}" for d in DOMAINS for e in EFFORTS)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RecipeError(ValueError):
+    """A user mistake in a recipe or spec file; the message names the file and the field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------- efforts
+class EffortSpec(Strict):
+    """Thinking budget and reward shaping of one effort level."""
+
+    budget_tokens: int = Field(gt=0, description="thinking tokens allowed inside <think>…</think>")
+    answer_tokens: int = Field(64, gt=0, description="tokens allowed after </think>")
+    length_penalty: float = Field(0.0, ge=0.0, description="reward − penalty × thinking/budget")
+
+
+def default_efforts() -> dict[str, EffortSpec]:
+    return {
+        "low": EffortSpec(budget_tokens=16, length_penalty=0.1),
+        "high": EffortSpec(budget_tokens=96),
+        "max": EffortSpec(budget_tokens=384),
+    }
+
+
+# ----------------------------------------------------------------------------- model / base
+class ModelSpec(Strict):
+    preset: str = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="K3HybridConfig fields")
+
+
+class SFTSpec(Strict):
+    examples: int = Field(3000, gt=0)
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(32, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
+    noise: float = Field(0.1, ge=0.0, le=1.0, description="fraction of traces corrupted, so the base is imperfect")
+    mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(DOMAINS, 1.0))
+
+
+class BaseSpec(Strict):
+    checkpoint: str | None = Field(None, description="an existing HF checkpoint; built by SFT when null")
+    sft: SFTSpec = Field(default_factory=SFTSpec)
+
+
+class Resources(Strict):
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
+# ----------------------------------------------------------------------------- teachers
+class TeacherSpec(Strict):
+    """One (domain, effort) specialist: what it trains on and how (GRPO)."""
+
+    domain: Literal["general", "agent", "code"]
+    effort: Literal["low", "high", "max"]
+    init: str = Field("base", description="'base' or the path of an HF checkpoint")
+    budget_tokens: int | None = Field(None, gt=0, description="defaults to the recipe's effort budget")
+    length_penalty: float | None = Field(None, ge=0.0)
+    families: list[str] = Field(default_factory=list, description="task families; empty = all of the domain")
+    difficulty: dict[str, Any] = Field(default_factory=dict)
+    steps: int = Field(20, ge=0)
+    prompts_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, gt=1)
+    learning_rate: float = Field(1e-4, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    kl_beta: float = Field(0.0, ge=0)
+    checkpoint_every: int = Field(5, gt=0)
+    resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
+
+    @property
+    def cell(self) -> str:
+        return f"{self.domain}-{self.effort}"
+
+
+class TeachersSpec(Strict):
+    spec_dir: str = Field("teachers", description="folder of <domain>-<effort>.yaml specs")
+    cells: list[str] = Field(default_factory=lambda: list(CELLS))
+    common: dict[str, Any] = Field(default_factory=dict, description="overrides applied to every cell")
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per cell, any spec field")
+
+    @model_validator(mode="after")
+    def _known_cells(self) -> TeachersSpec:
+        for cell in [*self.cells, *self.overrides]:
+            if cell not in CELLS:
+                raise ValueError(f"unknown teacher cell {cell!r}; cells are {', '.join(CELLS)}")
+        return self
+
+
+# ----------------------------------------------------------------------------- MOPD
+class ImportanceSpec(Strict):
+    mode: Literal["icepop", "tis", "none"] = "icepop"
+    low: float = Field(0.5, gt=0)
+    high: float = Field(5.0, gt=0)
+
+
+class DistillSpec(Strict):
+    mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(CELLS, 1.0), description="cell → weight")
+    steps: int = Field(30, ge=0)
+    prompts_per_step: int = Field(16, gt=0)
+    learning_rate: float = Field(1e-4, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    importance: ImportanceSpec = Field(default_factory=ImportanceSpec)
+    full_vocab_kl: bool = False
+    orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
+    reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
+    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind")
+    checkpoint_every: int = Field(5, gt=0)
+
+    @model_validator(mode="after")
+    def _known_cells(self) -> DistillSpec:
+        unknown = [c for c in self.mix if c not in CELLS]
+        if unknown:
+            raise ValueError(f"unknown cells in mix: {unknown}; cells are {', '.join(CELLS)}")
+        return self
+
+
+# ----------------------------------------------------------------------------- bench / recipe
+class BenchSpec(Strict):
+    suite: str = "eval/tiny.yaml"
+    samples: int = Field(1, gt=0, description="samples per task (for mean@k / pass@k)")
+    temperature: float = Field(0.0, ge=0)
+
+
+class RaySpec(Strict):
+    address: str | None = Field(None, description="ray.init address; null starts a local Ray")
+    num_cpus: int | None = Field(None, gt=0)
+
+
+class Recipe(Strict):
+    name: str
+    seed: int = 0
+    runs_dir: str = "runs"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    rollout: Literal["vllm", "hf"] = "vllm"
+    ray: RaySpec = Field(default_factory=RaySpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    efforts: dict[Literal["low", "high", "max"], EffortSpec] = Field(default_factory=default_efforts)
+    envs: dict[Literal["general", "agent", "code"], dict[str, Any]] = Field(default_factory=dict)
+    base: BaseSpec = Field(default_factory=BaseSpec)
+    teachers: TeachersSpec = Field(default_factory=TeachersSpec)
+    distill: DistillSpec = Field(default_factory=DistillSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+
+    @model_validator(mode="after")
+    def _every_effort_has_a_budget(self) -> Recipe:
+        missing = [e for e in EFFORTS if e not in self.efforts]
+        if missing:
+            raise ValueError(f"efforts: missing {missing}; each of {list(EFFORTS)} needs a budget")
+        return self
+
+
+# ----------------------------------------------------------------------------- loading
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe; every mistake is a RecipeError naming file and field."""
+    data = read_yaml_mapping(path)
+    data = apply_overrides(data, overrides, source=str(path))
+    return validate(Recipe, data, source=str(path))
+
+
+def load_teacher_specs(recipe: Recipe, recipe_dir: Path | None = None) -> dict[str, TeacherSpec]:
+    """The recipe's teacher cells, each spec file merged with the recipe's overrides."""
+    spec_dir = resolve_path(recipe.teachers.spec_dir, recipe_dir)
+    specs = {}
+    for cell in recipe.teachers.cells:
+        path = spec_dir / f"{cell}.yaml"
+        data = deep_merge(read_yaml_mapping(path), recipe.teachers.common)
+        data = deep_merge(data, recipe.teachers.overrides.get(cell, {}))
+        spec = validate(TeacherSpec, data, source=f"{path} (with recipe overrides teachers.overrides.{cell})")
+        if spec.cell != cell:
+            raise RecipeError(f"{path}: declares domain/effort {spec.cell!r} but the file is for cell {cell!r}")
+        specs[cell] = spec
+    return specs
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise RecipeError(f"{path}: not valid YAML{at}: {problem}") from None
+    if data is None:
+        raise RecipeError(f"{path}: the file is empty; expected a mapping of recipe fields")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: the top level must be a mapping of fields, got a {type(data).__name__}")
+    return data
+
+
+def validate(model: type[BaseModel], data: dict[str, Any], source: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"{source}: " + "; ".join(describe(e) for e in err.errors())) from None
+
+
+def describe(error: dict[str, Any]) -> str:
+    field = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"unknown field `{field}`"
+    return f"field `{field}`: {error['msg']}"
+
+
+def apply_overrides(data: dict[str, Any], overrides, source: str) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (value parsed as YAML). `teachers.CELL.x=v` targets a teacher spec."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override {item!r}: expected KEY=VALUE, e.g. distill.steps=10")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise RecipeError(f"override {item!r}: the value is not valid YAML") from None
+        parts = key.split(".")
+        if parts[0] == "teachers" and len(parts) > 2 and parts[1] in CELLS:
+            parts = ["teachers", "overrides", *parts[1:]]
+        set_nested(data, parts, value, item)
+    return data
+
+
+def set_nested(data: dict[str, Any], parts: list[str], value: Any, item: str) -> None:
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RecipeError(f"override {item!r}: `{'.'.join(parts[: depth + 1])}` is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_path(path: str, recipe_dir: Path | None) -> Path:
+    """Relative paths resolve against the working directory, then the project root."""
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    for root in (recipe_dir, ROOT):
+        if root is not None and (root / candidate).exists():
+            return root / candidate
+    return candidate

@@ -1,0 +1,80 @@
+"""`mopd validate` and the recipe schema: one clear error naming file and field, exit status 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mopd.cli import main
+from mopd.recipe import CELLS, load_recipe, load_teacher_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str) -> int:
+    return main(list(args))
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_validate(recipe, capsys):
+    assert run_cli("validate", str(recipe)) == 0
+    assert "9 teacher specs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "the file is empty"),
+        ("name: [unclosed", "not valid YAML (line 1"),
+        ("- name: x\n- seed: 1\n", "the top level must be a mapping"),
+        ("name: x\nbogus_key: 1\n", "unknown field `bogus_key`"),
+        ("name: x\ndistill: {steps: many}\n", "field `distill.steps`"),
+        ("name: x\nteachers: {overrides: {code-maxx: {steps: 1}}}\n", "unknown teacher cell 'code-maxx'"),
+        ("seed: 1\n", "field `name`: Field required"),
+    ],
+    ids=["empty", "bad-yaml", "list", "unknown-key", "wrong-type", "unknown-cell", "missing-name"],
+)
+def test_bad_recipes_get_one_clear_error(tmp_path, capsys, text, expected):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert run_cli("validate", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and expected in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_teacher_spec_typo_names_the_spec_file(tmp_path, capsys):
+    (tmp_path / "teachers").mkdir()
+    for cell in CELLS:
+        (tmp_path / "teachers" / f"{cell}.yaml").write_text((ROOT / "teachers" / f"{cell}.yaml").read_text())
+    (tmp_path / "teachers" / "code-max.yaml").write_text("domain: code\neffort: max\nstesp: 3\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nteachers: {{spec_dir: {tmp_path / 'teachers'}}}\n")
+    assert run_cli("validate", str(recipe)) == 2
+    err = capsys.readouterr().err
+    assert "code-max.yaml" in err and "unknown field `stesp`" in err
+
+
+def test_overrides_reach_teacher_specs_and_reject_bad_values():
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml", ["teachers.code-max.steps=50", "distill.steps=7"])
+    specs = load_teacher_specs(recipe)
+    assert specs["code-max"].steps == 50 and specs["code-low"].steps != 50
+    assert recipe.distill.steps == 7
+
+
+def test_bad_override_is_a_clear_error(capsys):
+    assert run_cli("validate", str(ROOT / "recipes/tiny.yaml"), "distill.stepz=3") == 2
+    assert "unknown field `distill.stepz`" in capsys.readouterr().err
+    assert run_cli("validate", str(ROOT / "recipes/tiny.yaml"), "nonsense") == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_console_script_help_and_exit_status():
+    exe = Path(sys.executable).parent / "mopd"
+    shown = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
+    for command in ("run", "validate", "export"):
+        assert command in shown.stdout
+    bad = subprocess.run([exe, "validate", "no/such/recipe.yaml"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no/such/recipe.yaml: no such file" in bad.stderr
+    assert "Traceback" not in bad.stderr
