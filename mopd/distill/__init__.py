@@ -1,0 +1,1 @@
+"""MOPD: routing, teacher scoring, loss, trainer, pair mode."""

@@ -1,0 +1,107 @@
+"""The MOPD loss: sampled-token reverse KL as a dense per-token advantage, trained REINFORCE-style.
+
+For a token y_t the student sampled, its teacher's advantage is
+
+    A_t = sg[ log πT(y_t | y<t) − log πθ(y_t | y<t) ]            (MiMo-V2-Flash, DeepSeek-V4, NeMo-RL)
+
+with log πθ the trainer's own recomputed log-prob. The surrogate −Σ_t w_t·A_t·log πθ(y_t) has, in
+expectation over y ~ πθ, the gradient of KL(πθ ‖ πT). w_t corrects the gap between the rollout
+engine's sampler and the trainer: IcePop zeroes tokens whose ratio πθ/π_rollout leaves [low, high];
+TIS truncates the ratio at `high`.
+
+Options: an outcome term α·A_ORM from the verifiers, ExOPD reward scaling λ (with a reference
+policy, A = λ·(log πT − log πref) − (log πθ − log πref)), and the exact full-vocabulary reverse KL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def reverse_kl_advantage(
+    teacher_logprobs: torch.Tensor,
+    student_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor | None = None,
+    reward_scale: float = 1.0,
+) -> torch.Tensor:
+    """Per-token A_t, detached. With λ ≠ 1 the teacher's log-ratio to a reference is scaled (ExOPD)."""
+    student = student_logprobs.detach()
+    if reward_scale == 1.0:
+        return teacher_logprobs - student
+    if reference_logprobs is None:
+        raise ValueError("reward_scale != 1 (ExOPD) needs reference_logprobs")
+    return reward_scale * (teacher_logprobs - reference_logprobs) - (student - reference_logprobs)
+
+
+def importance_weights(
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mode: str, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, out_of_bounds) for the train/rollout ratio r = πθ / π_rollout per token."""
+    ratio = torch.exp(train_logprobs.detach() - rollout_logprobs)
+    out_of_bounds = (ratio < low) | (ratio > high)
+    if mode == "icepop":
+        return (~out_of_bounds).to(ratio.dtype), out_of_bounds
+    if mode == "tis":
+        return ratio.clamp(max=high), out_of_bounds
+    if mode == "none":
+        return torch.ones_like(ratio), out_of_bounds
+    raise ValueError(f"unknown importance mode {mode!r}; use icepop, tis or none")
+
+
+def mopd_loss(
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    importance: str = "icepop",
+    low: float = 0.5,
+    high: float = 5.0,
+    orm_advantages: torch.Tensor | None = None,
+    orm_alpha: float = 0.0,
+    reference_logprobs: torch.Tensor | None = None,
+    reward_scale: float = 1.0,
+) -> LossOutput:
+    """REINFORCE on the reverse-KL advantage; all tensors [B, T] over completion tokens.
+
+    `mask` is 1 on tokens the student generated (observation and padding tokens are 0);
+    `orm_advantages` is one value per sequence [B] (e.g. group-normalised verifier rewards).
+    """
+    mask = mask.to(train_logprobs.dtype)
+    advantage = reverse_kl_advantage(teacher_logprobs, train_logprobs, reference_logprobs, reward_scale)
+    if orm_advantages is not None and orm_alpha:
+        advantage = advantage + orm_alpha * orm_advantages[:, None]
+    weights, out_of_bounds = importance_weights(train_logprobs, rollout_logprobs, importance, low, high)
+    n_tokens = mask.sum().clamp(min=1)
+    loss = -(weights * advantage * train_logprobs * mask).sum() / n_tokens
+    return LossOutput(loss=loss, metrics=token_metrics(train_logprobs, rollout_logprobs, teacher_logprobs, mask, out_of_bounds))
+
+
+def token_metrics(train, rollout, teacher, mask, out_of_bounds) -> dict[str, float]:
+    n = mask.sum().clamp(min=1)
+    return {
+        "reverse_kl": float(((train.detach() - teacher) * mask).sum() / n),
+        "is_out_of_bounds": float((out_of_bounds * mask).sum() / n),
+        "train_rollout_gap": float(((train.detach() - rollout).abs() * mask).sum() / n),
+        "tokens": float(n),
+    }
+
+
+def full_vocab_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact Σ_v πθ(v)·(log πθ(v) − log πT(v)) per position, averaged over masked positions.
+
+    Cheap with a small vocabulary; differentiable in the student's logits.
+    """
+    student = torch.log_softmax(student_logits.float(), dim=-1)
+    teacher = torch.log_softmax(teacher_logits.float(), dim=-1)
+    kl = (student.exp() * (student - teacher)).sum(-1)
+    mask = mask.to(kl.dtype)
+    return (kl * mask).sum() / mask.sum().clamp(min=1)
