@@ -1,0 +1,85 @@
+"""The stage graph of a recipe run: each stage is a directory, skipped when already complete.
+
+A stage is complete when its directory holds `stage.json` with the hash of the stage's config and
+of the stages it reads. Changing a field re-runs that stage and everything downstream; a crash
+re-runs only the unfinished stage, which resumes from its own last checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from mopd.artifacts import config_hash, read_json, write_json_atomic
+from mopd.recipe import Recipe
+
+console = Console(stderr=True)
+
+StageFn = Callable[["StageContext"], None]
+
+
+@dataclass
+class Stage:
+    name: str  # also its directory under the run, e.g. "base" or "teachers/code-max"
+    config: dict[str, Any]  # everything in the recipe this stage's output depends on
+    run: StageFn
+    needs: tuple[str, ...] = ()
+
+
+@dataclass
+class StageContext:
+    recipe: Recipe
+    run_dir: Path
+    dir: Path
+    inputs: dict[str, Path] = field(default_factory=dict)  # needed stage name → its directory
+
+
+class Pipeline:
+    def __init__(self, recipe: Recipe, run_dir: Path, stages: list[Stage]):
+        self.recipe, self.run_dir, self.stages = recipe, run_dir, stages
+        self.hashes: dict[str, str] = {}
+
+    def run(self) -> dict[str, str]:
+        """Run (or skip) every stage in order; returns stage name → 'done' | 'skipped'."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.run_dir / "recipe.json", self.recipe.model_dump(mode="json"))
+        outcome = {}
+        for stage in self.stages:
+            outcome[stage.name] = self.run_stage(stage)
+            self.write_manifest(outcome)
+        return outcome
+
+    def run_stage(self, stage: Stage) -> str:
+        digest = config_hash(stage.name, stage.config, [self.hashes[n] for n in stage.needs])
+        self.hashes[stage.name] = digest
+        stage_dir = self.run_dir / stage.name
+        marker = read_json(stage_dir / "stage.json", default={})
+        if marker.get("hash") == digest:
+            console.print(f"[dim]✓ {stage.name}: complete for these inputs ({digest}), skipped[/dim]")
+            return "skipped"
+        console.print(f"[bold]▶ {stage.name}[/bold]")
+        start = time.time()
+        context = StageContext(self.recipe, self.run_dir, stage_dir, {n: self.run_dir / n for n in stage.needs})
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        stage.run(context)
+        seconds = round(time.time() - start, 1)
+        write_json_atomic(stage_dir / "stage.json", {"name": stage.name, "hash": digest, "seconds": seconds})
+        console.print(f"[green]✓ {stage.name}[/green] in {seconds} s")
+        return "done"
+
+    def write_manifest(self, outcome: dict[str, str]) -> None:
+        write_json_atomic(
+            self.run_dir / "manifest.json",
+            {
+                "recipe": self.recipe.name,
+                "stages": {
+                    s.name: {"hash": self.hashes.get(s.name), "status": outcome.get(s.name, "pending")}
+                    for s in self.stages
+                },
+            },
+        )

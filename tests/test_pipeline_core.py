@@ -1,0 +1,74 @@
+"""Stage skipping by hash, crash safety of atomic writes, and resumable metrics logs."""
+
+import json
+
+import pytest
+
+from mopd.artifacts import MetricsLog, atomic_dir, config_hash, write_text_atomic
+from mopd.pipeline import Pipeline, Stage
+from mopd.recipe import Recipe
+
+
+def counting_stage(name, calls, config=None, needs=(), fail=False):
+    def run(ctx):
+        calls.append(name)
+        (ctx.dir / "out.txt").write_text(f"{name} from {sorted(ctx.inputs)}")
+        if fail:
+            raise RuntimeError("boom")
+
+    return Stage(name, config or {}, run, needs)
+
+
+def test_complete_stages_are_skipped_and_changes_rerun_downstream(tmp_path):
+    recipe = Recipe(name="t")
+    calls = []
+    stages = lambda lr: [counting_stage("a", calls, {"lr": lr}), counting_stage("b", calls, needs=("a",))]  # noqa: E731
+    assert Pipeline(recipe, tmp_path, stages(1)).run() == {"a": "done", "b": "done"}
+    assert Pipeline(recipe, tmp_path, stages(1)).run() == {"a": "skipped", "b": "skipped"}
+    assert Pipeline(recipe, tmp_path, stages(2)).run() == {"a": "done", "b": "done"}
+    assert calls == ["a", "b", "a", "b"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"a", "b"} and manifest["stages"]["b"]["status"] == "done"
+
+
+def test_a_failed_stage_is_not_marked_complete(tmp_path):
+    calls = []
+    with pytest.raises(RuntimeError):
+        Pipeline(Recipe(name="t"), tmp_path, [counting_stage("a", calls, fail=True)]).run()
+    assert not (tmp_path / "a" / "stage.json").exists()
+    assert Pipeline(Recipe(name="t"), tmp_path, [counting_stage("a", calls)]).run() == {"a": "done"}
+
+
+def test_atomic_dir_keeps_the_old_artifact_when_writing_fails(tmp_path):
+    target = tmp_path / "ckpt"
+    with atomic_dir(target) as d:
+        (d / "w.bin").write_text("v1")
+    with pytest.raises(OSError), atomic_dir(target) as d:
+        (d / "w.bin").write_text("half")
+        raise OSError("disk full")
+    assert (target / "w.bin").read_text() == "v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dirs left behind
+
+
+def test_write_text_atomic_replaces_whole_files(tmp_path):
+    path = tmp_path / "x.json"
+    write_text_atomic(path, "one")
+    write_text_atomic(path, "two")
+    assert path.read_text() == "two" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_metrics_log_resume_drops_steps_after_the_checkpoint(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in range(1, 6):
+        log.log(step, reward=step / 10)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 6, "rew')  # torn by a kill
+    log.resume_after(3)
+    for step in range(4, 7):
+        log.log(step, reward=step / 10)
+    assert [r["step"] for r in log.records()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_config_hash_ignores_key_order():
+    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
