@@ -1,0 +1,68 @@
+"""The effort protocol: a thinking budget per effort level and the reward shaping of teacher RL.
+
+Budgets count tokens of the thinking text between `<think>` and `</think>`. The tiny defaults
+are chosen with the tiny tokenizer (`python -m mopd.envs.bench --out FILE.json` measures them):
+the hardest default general instances need their column-by-column trace, which fits the high
+and max budgets but never the low one, so at low effort the model must answer without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mopd.envs.base import EFFORTS, Verdict, split_thinking
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class EffortSpec(BaseModel):
+    """Thinking budget and reward shaping of one effort level (a recipe field)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_tokens: int = Field(gt=0, description="thinking tokens allowed inside <think>…</think>")
+    answer_tokens: int = Field(64, gt=0, description="tokens allowed after </think>")
+    length_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward × (1 − penalty × thinking/budget)")
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Generation limit for one assistant turn: the think tags, the budget and the answer."""
+        return self.budget_tokens + self.answer_tokens + 2
+
+
+def default_effort_specs() -> dict[str, EffortSpec]:
+    return {
+        "low": EffortSpec(budget_tokens=16, length_penalty=0.1),
+        "high": EffortSpec(budget_tokens=96),
+        "max": EffortSpec(budget_tokens=384),
+    }
+
+
+def effort_spec(effort: str, specs: dict[str, EffortSpec] | None = None) -> EffortSpec:
+    specs = specs if specs is not None else default_effort_specs()
+    if effort not in specs:
+        raise ValueError(
+            f"effort {effort!r} has no spec; known: {sorted(specs)} (efforts are {list(EFFORTS)})"
+        )
+    return specs[effort]
+
+
+def thinking_tokens(completion: str, tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """Tokens inside the think block of a completion; None when the block is not closed."""
+    parts = split_thinking(completion)
+    if parts is None:
+        return None
+    return len(tokenizer.encode(parts[0], add_special_tokens=False))
+
+
+def shape_reward(verdict: Verdict, thinking_tokens: int | None, spec: EffortSpec) -> float:
+    """Teacher-RL reward: 0 without a closed think block or over budget, else the (penalised) verdict.
+
+    For a multi-turn transcript pass the longest turn's thinking: the budget holds per turn.
+    """
+    if thinking_tokens is None or thinking_tokens > spec.budget_tokens:
+        return 0.0
+    return verdict.reward * (1.0 - spec.length_penalty * thinking_tokens / spec.budget_tokens)

@@ -1,0 +1,302 @@
+"""The general domain: questions with exact answers, scored by parsing what follows `</think>`.
+
+Our own families come with step-by-step traces, where thinking truly helps a tiny model:
+  add    a + b, column by column with carries
+  mul    a × b, digit by digit with carries for each digit of b, then the rows summed
+  chain  a + b − c + …, with a running total
+Each has difficulty knobs (digits, multiplier digits, chain length). The expert's scratchpad
+grows with effort: empty at low, one line per step at high, and at max each line also writes
+the partial result so far.
+
+Reasoning-gym families are named `rg/<name>` (e.g. `rg/gcd`) and are scored by reasoning-gym's
+own scorer; they have no trace, so the expert writes a short think block and the gold answer.
+
+Train and eval never overlap: a task's canonical content (family, question, answer) is hashed,
+and the hash puts it in exactly one split (one bucket in EVAL_BUCKETS is eval). Each split
+draws candidates from an RNG derived from (split, seed, index) and keeps only content of its
+own bucket, so no seed or sample size can make the two splits share a question.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
+from mopd.envs.chat import strip_turn_end
+
+OWN_FAMILIES = ("add", "mul", "chain")
+RG_PREFIX = "rg/"
+DEFAULT_FAMILIES = (*OWN_FAMILIES, "rg/basic_arithmetic", "rg/gcd")
+EVAL_BUCKETS = 8
+MAX_DRAWS = 1000
+
+
+class GeneralEnv:
+    domain = "general"
+
+    def __init__(
+        self,
+        families: tuple[str, ...] | list[str] = DEFAULT_FAMILIES,
+        add_digits: tuple[int, int] = (1, 6),
+        mul_digits: tuple[int, int] = (1, 4),
+        mul_multiplier_digits: tuple[int, int] = (1, 1),
+        chain_terms: tuple[int, int] = (2, 6),
+        chain_digits: tuple[int, int] = (1, 3),
+        rg_options: dict[str, dict[str, Any]] | None = None,
+    ):
+        self.families = tuple(families)
+        unknown = [f for f in self.families if f not in OWN_FAMILIES and not f.startswith(RG_PREFIX)]
+        if unknown or not self.families:
+            raise ValueError(f"general: unknown families {unknown}; use {list(OWN_FAMILIES)} or 'rg/<name>'")
+        self.knobs = {
+            "add_digits": _checked_range("add_digits", add_digits),
+            "mul_digits": _checked_range("mul_digits", mul_digits),
+            "mul_multiplier_digits": _checked_range("mul_multiplier_digits", mul_multiplier_digits),
+            "chain_terms": _checked_range("chain_terms", chain_terms, low=2),
+            "chain_digits": _checked_range("chain_digits", chain_digits),
+        }
+        self.rg_options = rg_options or {}
+        for family in self.families:
+            if family.startswith(RG_PREFIX):
+                _rg_dataset(family.removeprefix(RG_PREFIX), _config_key(self.rg_config(family)))
+
+    # ------------------------------------------------------------------------------- sampling
+    def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        if effort not in EFFORTS:
+            raise ValueError(f"effort must be one of {list(EFFORTS)}, got {effort!r}")
+        rg_streams = {
+            family: self._rg_stream(family, split, seed)
+            for family in self.families
+            if family.startswith(RG_PREFIX)
+        }
+        tasks = []
+        for index in range(n):
+            family = self.families[index % len(self.families)]
+            if family in rg_streams:
+                question, answer, extra = next(rg_streams[family])
+            else:
+                question, answer, extra = self._draw_own(family, split, seed, index)
+            meta = {"family": family, "answer": answer, **extra}
+            tasks.append(Task(f"general-{split}-{seed}-{index}", self.domain, effort, question, meta))
+        return tasks
+
+    def _draw_own(self, family: str, split: str, seed: int, index: int) -> tuple[str, str, dict[str, Any]]:
+        rng = random.Random(f"general:{split}:{seed}:{index}")
+        for _ in range(MAX_DRAWS):
+            terms, ops = OWN_GENERATORS[family](rng, self.knobs)
+            question, answer = question_for(terms, ops), str(evaluate(terms, ops))
+            if split_of(family, question, answer) == split:
+                return question, answer, {"terms": terms, "ops": ops}
+        raise ValueError(f"general/{family}: difficulty knobs {self.knobs} leave too few distinct questions")
+
+    def _rg_stream(self, family: str, split: str, seed: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        name, config = family.removeprefix(RG_PREFIX), self.rg_config(family)
+        rg_seed = int(hashlib.sha256(f"{split}:{seed}:{family}".encode()).hexdigest()[:8], 16)
+        dataset = _rg_create(name, config, rg_seed)
+        index = 0
+        while True:
+            entry = json.loads(json.dumps(dataset[index], default=str))
+            index += 1
+            if split_of(family, entry["question"], entry["answer"]) == split:
+                yield entry["question"], entry["answer"], {"rg_config": config, "rg_entry": entry}
+
+    def rg_config(self, family: str) -> dict[str, Any]:
+        return self.rg_options.get(family.removeprefix(RG_PREFIX), {})
+
+    # ---------------------------------------------------------------------------- verification
+    def verify(self, task: Task, completion: str) -> Verdict:
+        parts = split_thinking(completion)
+        if parts is None:
+            return Verdict(0.0, {"reason": "no closed think block"})
+        answer = strip_turn_end(parts[1])
+        family = task.meta.get("family", "exact")
+        if family.startswith(RG_PREFIX):
+            return _verify_rg(task, answer)
+        expected = task.meta.get("answer")
+        if expected is None:
+            raise ValueError(f"task {task.id}: meta has no 'answer' to check against")
+        got = normalize_answer(answer)
+        reward = float(got == normalize_answer(str(expected)))
+        return Verdict(reward, {"family": family, "expected": str(expected), "got": got})
+
+    # ------------------------------------------------------------------------------ the expert
+    def solve(self, task: Task) -> str:
+        family = task.meta["family"]
+        if family.startswith(RG_PREFIX) or task.effort == "low":
+            thinking = "" if task.effort == "low" else f"The answer is {task.meta['answer']}."
+        else:
+            explicit = task.effort == "max"
+            thinking = TRACES[family](task.meta["terms"], task.meta["ops"], explicit)
+        return f"{THINK_OPEN}{thinking}{THINK_CLOSE}{task.meta['answer']}"
+
+
+# ---------------------------------------------------------------------------------- generators
+def _checked_range(name: str, bounds: tuple[int, int], low: int = 1) -> tuple[int, int]:
+    lo, hi = bounds
+    if not (low <= lo <= hi):
+        raise ValueError(f"general: {name}={bounds} must satisfy {low} <= min <= max")
+    return int(lo), int(hi)
+
+
+def _number(rng: random.Random, digits: tuple[int, int]) -> int:
+    width = rng.randint(*digits)
+    return rng.randint(0 if width == 1 else 10 ** (width - 1), 10**width - 1)
+
+
+def _gen_add(rng: random.Random, knobs: dict) -> tuple[list[int], list[str]]:
+    return [_number(rng, knobs["add_digits"]), _number(rng, knobs["add_digits"])], ["+"]
+
+
+def _gen_mul(rng: random.Random, knobs: dict) -> tuple[list[int], list[str]]:
+    return [_number(rng, knobs["mul_digits"]), _number(rng, knobs["mul_multiplier_digits"])], ["*"]
+
+
+def _gen_chain(rng: random.Random, knobs: dict) -> tuple[list[int], list[str]]:
+    count = rng.randint(*knobs["chain_terms"])
+    terms = [_number(rng, knobs["chain_digits"]) for _ in range(count)]
+    return terms, [rng.choice("+-") for _ in range(count - 1)]
+
+
+OWN_GENERATORS = {"add": _gen_add, "mul": _gen_mul, "chain": _gen_chain}
+
+
+def question_for(terms: list[int], ops: list[str]) -> str:
+    expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
+    return f"Compute {expression}."
+
+
+def evaluate(terms: list[int], ops: list[str]) -> int:
+    total = terms[0]
+    for op, term in zip(ops, terms[1:]):
+        total = total * term if op == "*" else total + term if op == "+" else total - term
+    return total
+
+
+def split_of(family: str, question: str, answer: str) -> str:
+    digest = hashlib.sha256(f"{family}|{question}|{answer}".encode()).hexdigest()
+    return "eval" if int(digest[:8], 16) % EVAL_BUCKETS == 0 else "train"
+
+
+# -------------------------------------------------------------------------------------- traces
+def _digits_reversed(number: int) -> list[int]:
+    return [int(d) for d in reversed(str(number))]
+
+
+def _column_lines(steps: list[tuple[str, int]], explicit: bool) -> list[str]:
+    """One line per column 'expr=sum'; explicit lines also show the result digits so far."""
+    lines, written = [], ""
+    for expr, value in steps:
+        written = str(value % 10) + written
+        lines.append(f"{expr}={value}" + (f" so far {written}" if explicit else ""))
+    return lines
+
+
+def add_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+    a, b = _digits_reversed(terms[0]), _digits_reversed(terms[1])
+    width = max(len(a), len(b))
+    a, b = a + [0] * (width - len(a)), b + [0] * (width - len(b))
+    steps, carry = [], 0
+    for da, db in zip(a, b):
+        value = da + db + carry
+        steps.append((f"{da}+{db}+{carry}", value))
+        carry = value // 10
+    lines = _column_lines(steps, explicit)
+    if carry:
+        lines.append(f"carry {carry}")
+    return "\n".join(lines)
+
+
+def _row_lines(a: int, digit: int, explicit: bool) -> tuple[list[str], int]:
+    steps, carry = [], 0
+    for da in _digits_reversed(a):
+        value = da * digit + carry
+        steps.append((f"{da}*{digit}+{carry}", value))
+        carry = value // 10
+    lines = _column_lines(steps, explicit)
+    if carry:
+        lines.append(f"carry {carry}")
+    return lines, a * digit
+
+
+def mul_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+    a, b = terms
+    lines, rows = [], []
+    for shift, digit in enumerate(_digits_reversed(b)):
+        row_lines, row = _row_lines(a, digit, explicit)
+        rows.append(row * 10**shift)
+        lines += row_lines
+        if b >= 10:
+            lines.append(f"row {rows[-1]}")
+    total = rows[0]
+    for row in rows[1:]:
+        lines.append(f"{total}+{row}={total + row}")
+        total += row
+    return "\n".join(lines)
+
+
+def chain_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+    lines, total = [], terms[0]
+    for step, (op, term) in enumerate(zip(ops, terms[1:]), start=1):
+        new_total = evaluate([total, term], [op])
+        prefix = f"step {step}: " if explicit else ""
+        lines.append(f"{prefix}{total}{op}{term}={new_total}")
+        total = new_total
+    return "\n".join(lines)
+
+
+TRACES = {"add": add_trace, "mul": mul_trace, "chain": chain_trace}
+
+
+# ----------------------------------------------------------------------------------- answers
+NUMBER = re.compile(r"[+-]?\d[\d,_ ]*")
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical answer text: no padding or final period; numbers without separators or sign '+'."""
+    text = " ".join(text.replace("\u2212", "-").split()).removesuffix(".")
+    if NUMBER.fullmatch(text):
+        return str(int(re.sub(r"[,_ ]", "", text)))
+    return text
+
+
+# ------------------------------------------------------------------------------- reasoning-gym
+def _config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _rg_create(name: str, config: dict[str, Any], seed: int, size: int = 1_000_000) -> Any:
+    import reasoning_gym
+
+    try:
+        return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
+    except Exception as error:
+        raise ValueError(
+            f"general: reasoning-gym family {name!r} with options {config} failed: {error}"
+        ) from error
+
+
+@functools.lru_cache(maxsize=64)
+def _rg_dataset(name: str, config_key: str) -> Any:
+    """One scorer instance per (family, options); scoring does not depend on the seed."""
+    return _rg_create(name, json.loads(config_key), seed=0)
+
+
+def _verify_rg(task: Task, answer: str) -> Verdict:
+    name = task.meta["family"].removeprefix(RG_PREFIX)
+    entry = task.meta.get("rg_entry")
+    if entry is None:
+        raise ValueError(f"task {task.id}: reasoning-gym family {name!r} needs meta['rg_entry']")
+    scorer = _rg_dataset(name, _config_key(task.meta.get("rg_config", {})))
+    reward = float(scorer.score_answer(answer, entry))
+    return Verdict(
+        min(max(reward, 0.0), 1.0),
+        {"family": task.meta["family"], "expected": entry["answer"], "got": answer},
+    )
