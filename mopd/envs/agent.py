@@ -24,8 +24,8 @@ Every episode runs on a private in-memory database (see `agent_db` for the guard
 independent episode, so every member of a GRPO group starts from the same state (`group`).
 The same actions always lead to the same end state, byte for byte.
 
-Train and eval never overlap: a task's split is a function of its content hash (family, goal
-and database spec), so no content can be drawn into both splits, whatever the seeds.
+Train and eval never overlap: a task's split is a function of the hash of its database spec, so
+no database, and so no task content, can be drawn into both splits, whatever the seeds.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from mopd.envs.agent_db import (
     open_plain,
 )
 from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking
+from mopd.envs.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, strip_turn_end
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-EVAL_FRACTION = 5  # one content hash in 5 belongs to the eval split
+EVAL_FRACTION = 5  # one database hash in 5 belongs to the eval split
 SNAPSHOT_MAGIC = b"MOPD-AGENT-1\n"
 
 SYSTEM_PROMPT = """\
@@ -115,10 +115,10 @@ class AgentEnv:
             raise ValueError(f"effort={effort!r}: must be one of {EFFORTS}")
         tasks, seen = [], set()
         for index in range(n):
-            for attempt in range(10_000):
-                content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"))
+            for attempt in range(1000):
+                content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"), split)
                 key = content and content_hash(content)
-                if key and split_of(key) == split and key not in seen:
+                if key and key not in seen:
                     break
             else:
                 raise RuntimeError(f"could not generate agent task {index} for seed {seed}; loosen the knobs")
@@ -126,14 +126,20 @@ class AgentEnv:
             tasks.append(self._task(content, key, split, effort))
         return tasks
 
-    def _generate(self, rng: random.Random) -> dict[str, Any] | None:
+    def _generate(self, rng: random.Random, split: str) -> dict[str, Any] | None:
         family = rng.choice(self.families)
         lookups = rng.randint(1, self.max_lookups)
-        spec = db_spec(rng.randrange(2**31), **self.sizes)
+        spec = self._database_of_split(rng, split)
         conn = open_plain(build_database(spec))
         goal = FAMILIES[family].make(rng, conn, lookups)
         conn.close()
         return goal and {"family": family, "goal": goal, "db": spec}
+
+    def _database_of_split(self, rng: random.Random, split: str) -> dict[str, int]:
+        while True:
+            spec = db_spec(rng.randrange(2**31), **self.sizes)
+            if split_of(content_hash(spec)) == split:
+                return spec
 
     def _task(self, content: dict[str, Any], key: str, split: str, effort: str) -> Task:
         family = FAMILIES[content["family"]]
@@ -162,9 +168,10 @@ class AgentEnv:
             episode.error = f"assistant turn {episode.assistant_turns} has no closed </think> block"
             episode.done = True
             return None, True
-        call = find_tool_call(parts[1])
+        answer = strip_turn_end(parts[1])
+        call = find_tool_call(answer)
         if call is None:
-            episode.final_answer = parts[1]
+            episode.final_answer = answer
             episode.done = True
             return None, True
         observation = self._run_tool(episode, call)
@@ -268,18 +275,18 @@ class ToolCallError(str):
 
 def find_tool_call(answer: str) -> str | ToolCallError | None:
     """The SQL inside the answer's one tool call; None for a final answer."""
-    opens, closes = answer.count(TOOL_OPEN), answer.count(TOOL_CLOSE)
+    opens, closes = answer.count(TOOL_CALL_OPEN), answer.count(TOOL_CALL_CLOSE)
     if opens == closes == 0:
         return None
-    if opens != 1 or closes != 1 or answer.index(TOOL_OPEN) > answer.index(TOOL_CLOSE):
-        return ToolCallError(f"write exactly one {TOOL_OPEN}...{TOOL_CLOSE} per turn")
-    return answer.split(TOOL_OPEN, 1)[1].split(TOOL_CLOSE, 1)[0].strip()
+    if opens != 1 or closes != 1 or answer.index(TOOL_CALL_OPEN) > answer.index(TOOL_CALL_CLOSE):
+        return ToolCallError(f"write exactly one {TOOL_CALL_OPEN}...{TOOL_CALL_CLOSE} per turn")
+    return answer.split(TOOL_CALL_OPEN, 1)[1].split(TOOL_CALL_CLOSE, 1)[0].strip()
 
 
 def _explain(error: sqlite3.Error) -> str:
     if str(error) == "interrupted":
         return "the statement ran too long and was stopped"
-    if str(error) == "not authorized":
+    if str(error) in ("not authorized", "authorization denied"):
         return "not authorized (only SELECT, INSERT, UPDATE and DELETE on the task's tables are allowed)"
     return str(error)
 
@@ -357,11 +364,11 @@ class _Session:
         self.episode = env.reset(task)
 
     def query(self, think: str, sql: str) -> list[list[str]]:
-        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_OPEN}{sql}{TOOL_CLOSE}")
+        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_CALL_OPEN}{sql}{TOOL_CALL_CLOSE}")
         return parse_rows(observation)
 
     def write(self, think: str, sql: str) -> None:
-        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_OPEN}{sql}{TOOL_CLOSE}")
+        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_CALL_OPEN}{sql}{TOOL_CALL_CLOSE}")
         if not (observation or "").startswith("OK,"):
             raise RuntimeError(f"expert write failed: {sql!r} -> {observation!r}")
 

@@ -1,0 +1,221 @@
+"""The agent domain: expert success, end-state rewards, the tool guard, snapshots, determinism, splits."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sqlite3
+import time
+from dataclasses import replace
+
+import pytest
+
+from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, split_of
+from mopd.envs.agent_db import _build, build_database, dump_tables
+from mopd.envs.base import Task, split_thinking
+from mopd.envs.chat import render_turns
+from mopd.envs.data import dataset_to_tasks, tasks_to_dataset
+
+
+@pytest.fixture(scope="module")
+def env() -> AgentEnv:
+    return AgentEnv()
+
+
+def think_length(transcript: list[dict[str, str]]) -> int:
+    return sum(len(split_thinking(turn["content"])[0]) for turn in transcript if turn["role"] == "assistant")
+
+
+def tool(sql: str) -> str:
+    return f"<think></think><tool_call>{sql}</tool_call>"
+
+
+def test_expert_solves_at_least_99_percent_of_1000_tasks_at_every_effort(env):
+    tasks = [task for seed, effort in enumerate(("low", "high", "max"))
+             for task in env.sample(334 if effort == "low" else 333, seed=seed, effort=effort)]
+    assert len(tasks) == 1000
+    rewards = [env.verify(task, env.solve(task)).reward for task in tasks]
+    assert sum(r == 1.0 for r in rewards) / len(rewards) >= 0.99
+    assert {task.meta["family"] for task in tasks} == set(FAMILIES)
+
+
+def test_scratchpad_grows_with_effort(env):
+    tasks = env.sample(40, seed=7, effort="low")
+    lengths = {effort: sum(think_length(env.solve(replace(task, effort=effort))) for task in tasks)
+               for effort in ("low", "high", "max")}
+    assert lengths["low"] < lengths["high"] < lengths["max"]
+
+
+def test_transcript_alternates_assistant_and_masked_observation_turns(env):
+    task = env.sample(1, seed=3, effort="high")[0]
+    transcript = env.solve(task)
+    roles = [turn["role"] for turn in transcript]
+    assert roles[-1] == "assistant" and roles.count("observation") == len(roles) // 2
+    assert all(a != b for a, b in itertools.pairwise(roles))
+    segments = render_turns(task.prompt, transcript, task.effort, task.meta["system"])
+    observation_segments = [s for s in segments if s.text.startswith("<|observation|>")]
+    assert len(observation_segments) == roles.count("observation")
+    assert not any(s.train for s in observation_segments)
+
+
+def test_reward_counts_the_database_not_the_claim(env):
+    task = first_of("set_price")
+    assert env.verify(task, [{"role": "assistant", "content": "<think>easy</think>Done, price updated."}]).reward == 0
+    good = env.solve(task)
+    assert env.verify(task, good).reward == 1
+    forged = [dict(turn, content="OK, 0 rows changed") if turn["role"] == "observation" else turn for turn in good]
+    assert env.verify(task, forged).reward == 1  # observations in a transcript are recomputed, not trusted
+
+
+def test_a_write_to_any_other_row_scores_zero(env):
+    for family in ("set_price", "move_stock", "place_order"):
+        task = first_of(family)
+        transcript = env.solve(task)
+        stray = tool("UPDATE customers SET city = 'Atlantis' WHERE id = 1")
+        verdict = env.verify(task, [*transcript[:-1], {"role": "assistant", "content": stray},
+                                    transcript[-1]])
+        assert verdict.reward == 0 and verdict.details["unexpected_rows"] == 1, family
+
+
+def test_question_answers_are_checked_against_the_database(env):
+    task = first_of("order_total")
+    transcript = env.solve(task)
+    verdict = env.verify(task, transcript)
+    expected = verdict.details["expected_answer"]
+    assert verdict.reward == 1 and verdict.details["answer"] == expected
+    final = transcript[-1]["content"].split("</think>")[0] + "</think>"
+    assert env.verify(task, [*transcript[:-1], {"role": "assistant", "content": f"{final}{expected + 1}"}]).reward == 0
+    assert env.verify(task, [*transcript[:-1], {"role": "assistant", "content": f"{final}${expected:,}.<|end|>"}]).reward == 1
+    assert env.verify(task, f"<think>guess</think>{expected}").reward == 1  # no lookup needed if you know it
+    vandal = tool("DELETE FROM orders WHERE id = 1")
+    assert env.verify(task, [{"role": "assistant", "content": vandal}, transcript[-1]]).reward == 0
+
+
+def test_missing_or_unclosed_think_block_scores_zero(env):
+    task = first_of("set_price")
+    good = env.solve(task)
+    for broken in (good[0]["content"].replace("</think>", ""), "<think>I will update it" + good[0]["content"][-80:]):
+        verdict = env.verify(task, [{"role": "assistant", "content": broken}, *good[1:]])
+        assert verdict.reward == 0 and "think" in verdict.details["error"]
+
+
+def test_turn_limit_ends_the_episode():
+    env = AgentEnv(max_turns=3)
+    episode = env.reset(env.sample(1, seed=0)[0])
+    done = [env.step(episode, tool("SELECT 1"))[1] for _ in range(3)]
+    assert done == [False, False, True] and episode.assistant_turns == 3
+    with pytest.raises(ValueError, match="is over"):
+        env.step(episode, tool("SELECT 1"))
+
+
+def test_tool_guard_refuses_escapes_and_bounds_work(tmp_path):
+    env = AgentEnv(max_turns=100)
+    episode = env.reset(env.sample(1, seed=1)[0])
+    before = episode.conn.serialize()
+    outside = tmp_path / "stolen.db"
+    attacks = {
+        f"ATTACH DATABASE '{outside}' AS stolen": "not authorized",
+        f"VACUUM INTO '{outside}'": "not authorized",
+        "PRAGMA journal_mode = DELETE": "not authorized",
+        "PRAGMA max_page_count = 100000000": "not authorized",
+        "CREATE TABLE notes (x)": "not authorized",
+        "DROP TABLE orders": "not authorized",
+        "BEGIN": "not authorized",
+        "SELECT load_extension('/tmp/evil.so')": "not authorized",
+        "UPDATE products SET price = abs(random()) % 100": "not authorized",
+        "SELECT datetime('now')": "not authorized",
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r": "ran too long",
+        "SELECT zeroblob(1000000000)": "too big",
+        "SELECT 1; DELETE FROM orders": "one statement",
+        "": "empty",
+    }
+    for sql, message in attacks.items():
+        started = time.perf_counter()
+        observation, _ = env.step(episode, tool(sql))
+        assert observation.startswith("error:") and message in observation, (sql, observation)
+        assert time.perf_counter() - started < 3.0, sql
+    assert not os.path.exists(outside)
+    assert episode.conn.serialize() == before
+    assert "one <tool_call>" in env.step(episode, "<think></think><tool_call>SELECT 1")[0]
+    assert env.step(episode, tool("PRAGMA table_info(products)"))[0].startswith("cid | name")
+
+
+def test_observations_are_bounded_in_rows_and_size(env):
+    episode = env.reset(env.sample(1, seed=2)[0])
+    many, _ = env.step(episode, tool("SELECT a.id, b.id FROM orders a, orders b"))
+    assert len(many.splitlines()) == env.max_rows + 2 and "more not shown" in many
+    wide, _ = env.step(episode, tool("SELECT group_concat(name, ' ') FROM products, customers"))
+    assert len(wide) <= env.max_chars + len("\n(output truncated)")
+
+
+def test_snapshot_restore_is_byte_identical_and_groups_are_independent(env):
+    task = first_of("move_stock")
+    transcript = env.solve(task)
+    episode = env.reset(task)
+    env.step(episode, transcript[0]["content"])
+    env.step(episode, tool("UPDATE inventory SET quantity = quantity + 1 WHERE warehouse = 'north'"))
+    restored = env.restore(env.snapshot(episode))
+    assert restored.conn.serialize() == episode.conn.serialize()
+    assert restored.turns == episode.turns and restored.task == episode.task
+    with pytest.raises(ValueError, match="not an AgentEnv snapshot"):
+        env.restore(b"SQLite format 3\x00")
+
+    group = env.group(task, 4)
+    start = group[0].conn.serialize()
+    assert all(member.conn.serialize() == start for member in group)
+    env.step(group[0], tool("DELETE FROM inventory"))
+    assert all(member.conn.serialize() == start for member in group[1:])
+    assert start == env.reset(task).conn.serialize()
+
+
+def test_same_actions_give_the_same_end_state(env):
+    task = first_of("place_order")
+    actions = [turn["content"] for turn in env.solve(task) if turn["role"] == "assistant"]
+    ends = []
+    for _ in range(2):
+        episode = env.reset(task)
+        for action in actions:
+            env.step(episode, action)
+        ends.append(episode.conn.serialize())
+    assert ends[0] == ends[1] != build_database(task.meta["db"])
+    assert env.sample(5, seed=9) == env.sample(5, seed=9)
+
+
+def test_train_and_eval_never_share_content(env):
+    train, evaluation = env.sample(300, seed=0, split="train"), env.sample(300, seed=0, split="eval")
+    for split, tasks in (("train", train), ("eval", evaluation)):
+        assert {split_of(content_hash(task.meta["db"])) for task in tasks} == {split}
+    contents = [{content_hash({k: t.meta[k] for k in ("family", "goal", "db")}) for t in tasks}
+                for tasks in (train, evaluation)]
+    assert len(contents[0]) == len(contents[1]) == 300 and not contents[0] & contents[1]
+
+
+def test_tasks_round_trip_through_a_dataset_and_stay_verifiable(env):
+    tasks = env.sample(8, seed=4, effort="max")
+    back = dataset_to_tasks(tasks_to_dataset(tasks))
+    assert back == tasks
+    assert json.loads(json.dumps(tasks[0].meta)) == tasks[0].meta
+    assert all(env.verify(task, env.solve(task)).reward == 1 for task in back)
+
+
+def test_bad_options_name_the_problem():
+    with pytest.raises(ValueError, match="unknown"):
+        AgentEnv(families=["sql_injection"])
+    with pytest.raises(ValueError, match="n_products"):
+        AgentEnv(n_products=10_000)
+    with pytest.raises(ValueError, match="split"):
+        AgentEnv().sample(1, seed=0, split="test")
+
+
+def test_initial_database_is_rebuilt_identically_from_its_spec(env):
+    spec = env.sample(1, seed=5)[0].meta["db"]
+    uncached = _build.__wrapped__(spec["seed"], spec["n_products"], spec["n_customers"], spec["n_orders"])
+    assert uncached == build_database(spec)
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(uncached)
+    assert len(dump_tables(conn)["products"]) == spec["n_products"]
+
+
+def first_of(family: str) -> Task:
+    return AgentEnv(families=[family]).sample(1, seed=21, effort="high")[0]
