@@ -73,8 +73,8 @@ def exact_answer(task: Task, completion: str) -> Verdict:
 VERIFIERS: dict[str, Verifier] = {
     "general": Verifier("general", ("answer",), lambda: get_env("general").verify),
     "general/exact": Verifier("general", ("answer",), lambda: exact_answer),
-    "code": Verifier("code", (), lambda: get_env("code").verify),
-    "agent": Verifier("agent", (), lambda: get_env("agent").verify),
+    "code": Verifier("code", ("entry", "tests"), lambda: get_env("code").verify),
+    "agent": Verifier("agent", ("family", "goal", "db", "max_turns"), lambda: get_env("agent").verify),
 }
 
 

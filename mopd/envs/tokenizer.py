@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from mopd.envs import ENV_CLASSES, get_env
+from mopd.envs import get_env
 from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.chat import (
     BOS,
@@ -55,26 +55,13 @@ def task_corpus(
     seed: int = 0,
     env_options: dict[str, dict] | None = None,
 ) -> list[str]:
-    """Rendered expert transcripts (prompt + solution) for every domain and effort.
-
-    A domain whose module is not written yet is skipped with a warning, so the tokenizer can be
-    built from the domains that exist; rebuild it once they all do.
-    """
+    """Rendered expert transcripts (prompt + solution) of every domain at every effort."""
     texts = []
     for domain in domains:
-        try:
-            env = get_env(domain, **(env_options or {}).get(domain, {}))
-        except ModuleNotFoundError as missing:
-            if missing.name != ENV_CLASSES[domain][0]:
-                raise
-            log.warning("tokenizer corpus: domain %r skipped (%s)", domain, missing)
-            continue
+        env = get_env(domain, **(env_options or {}).get(domain, {}))
         for effort in EFFORTS:
-            texts += [
-                transcript_text(env, task) for task in env.sample(tasks_per_cell, seed, "train", effort)
-            ]
-    if not texts:
-        raise ValueError(f"tokenizer corpus is empty: none of the domains {list(domains)} could be built")
+            tasks = env.sample(tasks_per_cell, seed, "train", effort)
+            texts += [transcript_text(env, task) for task in tasks]
     return texts
 
 

@@ -1,0 +1,136 @@
+"""The general domain: expert solves, verifiers accept good and reject bad, splits never overlap."""
+
+import dataclasses
+
+import pytest
+
+from mopd.envs import get_env
+from mopd.envs.base import EFFORTS
+from mopd.envs.general import DEFAULT_FAMILIES, OWN_FAMILIES, GeneralEnv, normalize_answer, split_of
+
+RG_EXTRA = ("rg/spell_backward", "rg/leg_counting", "rg/number_sorting")
+ALL_FAMILIES = (*DEFAULT_FAMILIES, *RG_EXTRA)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return GeneralEnv(families=ALL_FAMILIES)
+
+
+def content(task):
+    return (task.meta["family"], task.prompt, task.meta["answer"])
+
+
+def test_get_env_builds_the_general_domain_and_rejects_unknown_domains():
+    env = get_env("general", families=["add"], add_digits=(2, 3))
+    assert isinstance(env, GeneralEnv) and env.families == ("add",)
+    with pytest.raises(ValueError, match="unknown domain 'chess'"):
+        get_env("chess")
+
+
+def test_expert_gets_reward_one_on_a_thousand_tasks_across_efforts():
+    env = GeneralEnv()
+    tasks = [t for effort in EFFORTS for t in env.sample(334, seed=7, effort=effort)][:1000]
+    rewards = [env.verify(t, env.solve(t)).reward for t in tasks]
+    solved = sum(r == 1.0 for r in rewards) / len(rewards)
+    print(f"expert solve rate on {len(tasks)} general tasks: {solved:.4f}")
+    assert len(tasks) == 1000 and solved >= 0.99
+    assert {t.meta["family"] for t in tasks} == set(DEFAULT_FAMILIES)
+
+
+def wrong_value(task):
+    answer = task.meta["answer"]
+    if answer.lstrip("-").isdigit():
+        return str(int(answer) + 1)
+    return "qqq"  # reasoning-gym gives partial credit to near misses (e.g. a misspelt word)
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_verifier_gives_one_to_known_good_and_zero_to_known_bad(env, family):
+    tasks = [t for t in env.sample(4 * len(ALL_FAMILIES), seed=3) if t.meta["family"] == family]
+    assert tasks, family
+    for task in tasks:
+        good = env.solve(task)
+        thinking, answer = good.removeprefix("<think>").split("</think>")
+        assert env.verify(task, good).reward == 1.0
+        assert env.verify(task, good + "<|end|>").reward == 1.0
+        bad = {
+            "wrong value": f"<think>{thinking}</think>{wrong_value(task)}",
+            "answer only inside the think block": f"<think>{answer}</think>",
+            "no think block": answer,
+            "unclosed think block": f"<think>{thinking}{answer}",
+        }
+        for case, completion in bad.items():
+            verdict = env.verify(task, completion)
+            assert verdict.reward == 0.0, (family, case, completion, verdict)
+
+
+@pytest.mark.parametrize("family", OWN_FAMILIES)
+def test_own_families_reject_answers_wrapped_in_words(env, family):
+    task = next(t for t in env.sample(len(ALL_FAMILIES), seed=5) if t.meta["family"] == family)
+    answer = task.meta["answer"]
+    for wrapped in (f"The answer is {answer}", f"{answer} apples", f"answer: {answer}"):
+        assert env.verify(task, f"<think></think>{wrapped}").reward == 0.0
+
+
+def test_answers_are_normalised_before_comparison():
+    env = GeneralEnv(families=["add"], add_digits=(4, 6))
+    task = next(t for t in env.sample(20, seed=1) if int(t.meta["answer"]) >= 10_000)
+    answer = task.meta["answer"]
+    with_commas = f"{int(answer):,}"
+    with_spaces = f"{int(answer):,}".replace(",", " ")
+    for variant in (with_commas, with_spaces, f"  {answer} ", f"+{answer}", f"{answer}.", f"{answer}<|end|>"):
+        assert env.verify(task, f"<think></think>{variant}").reward == 1.0, variant
+    assert normalize_answer("\u221242") == "-42"
+    assert normalize_answer(" Paris  France. ") == "Paris France"
+
+
+def test_train_and_eval_never_share_a_question(env):
+    train = {content(t) for seed in (0, 1) for t in env.sample(800, seed=seed, split="train")}
+    evaluation = {content(t) for t in env.sample(400, seed=0, split="eval")}
+    assert train and evaluation and not train & evaluation
+    assert all(split_of(*c) == "eval" for c in evaluation)
+
+
+def test_splits_stay_disjoint_when_the_question_space_is_tiny():
+    env = GeneralEnv(families=["add"], add_digits=(1, 1))  # only 100 distinct questions exist
+    train = {content(t) for t in env.sample(600, seed=0, split="train")}
+    evaluation = {content(t) for t in env.sample(200, seed=0, split="eval")}
+    assert len(evaluation) >= 2 and not train & evaluation
+    assert len(train | evaluation) <= 100
+
+
+def test_sampling_is_deterministic_and_effort_changes_only_the_effort(env):
+    first, again = env.sample(40, seed=11), env.sample(40, seed=11)
+    assert first == again
+    assert [content(t) for t in first] != [content(t) for t in env.sample(40, seed=12)]
+    at_max = env.sample(40, seed=11, effort="max")
+    assert [dataclasses.replace(t, effort="high") for t in at_max] == first
+
+
+def test_scratchpad_grows_with_effort_on_hard_instances():
+    env = GeneralEnv(families=list(OWN_FAMILIES), add_digits=(6, 6), mul_digits=(4, 4), chain_terms=(6, 6))
+    for task in env.sample(30, seed=2):
+        lengths = [len(env.solve(dataclasses.replace(task, effort=e)).split("</think>")[0]) for e in EFFORTS]
+        assert lengths[0] < lengths[1] < lengths[2], (task.prompt, lengths)
+
+
+def test_traces_carry_the_column_arithmetic():
+    env = GeneralEnv(families=["add"])
+    task = dataclasses.replace(env.sample(1, seed=0)[0], prompt="Compute 958 + 67.")
+    task.meta.update(terms=[958, 67], ops=["+"], answer="1025")
+    assert env.solve(task) == "<think>8+7+0=15\n5+6+1=12\n9+0+1=10\ncarry 1</think>1025"
+    high_mul = GeneralEnv(families=["mul"]).sample(1, seed=0)[0]
+    high_mul.meta.update(terms=[47, 36], ops=["*"], answer="1692")
+    assert env.solve(high_mul).endswith("282+1410=1692</think>1692")
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="unknown families"):
+        GeneralEnv(families=["poetry"])
+    with pytest.raises(ValueError, match="add_digits"):
+        GeneralEnv(add_digits=(5, 2))
+    with pytest.raises(ValueError, match="no_such_family"):
+        GeneralEnv(families=["rg/no_such_family"])
+    with pytest.raises(ValueError, match="split"):
+        GeneralEnv().sample(1, seed=0, split="test")
