@@ -1,0 +1,239 @@
+"""The K3 hybrid for vLLM: the transformers model (`mopd.model`) with its two attention kinds moved
+onto vLLM's caches.
+
+Everything that is per token (embedding, Block AttnRes, norms, dense MLP, LatentMoE, lm_head) is the
+HF model's own module, run on vLLM's flat token batch [N, D]. Only attention differs:
+
+- MLA ("MHA mode"): the HF layer's query / latent / expansion, then per-head K and V go through
+  vLLM's standard `Attention` layer (paged KV cache, any mix of prefills and decodes).
+- KDA: the HF layer's projections, gate and short convolutions, and the `mopd.model.kda` ops, with
+  the conv tail and recurrent state of each request read from and written back to vLLM's
+  Mamba-style state cache by the request's state index.
+
+All parameters are plain `nn.Parameter`s owned here (no vLLM layer repacks them), so
+`load_weights` works at any time: that is how rollout weights are updated without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.mamba.mamba_utils import (
+    MambaStateCopyFuncCalculator,
+    MambaStateDtypeCalculator,
+    MambaStateShapeCalculator,
+    is_conv_state_dim_first,
+)
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+from mopd.model.config import K3HybridConfig
+from mopd.model.kda import KimiDeltaAttention, kda_gate, kda_ops, l2norm
+from mopd.model.mla import MLAAttention
+from mopd.model.modeling import K3DecoderLayer, K3HybridModel
+
+
+class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config: K3HybridConfig = vllm_config.model_config.hf_config
+        self.config = config
+        self.model = K3HybridModel(config)
+        self.model.layers = nn.ModuleList(
+            VllmDecoderLayer(config, i, vllm_config, prefix=f"{prefix}model.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Flat batch of N tokens (all requests, decodes first) -> final hidden states [N, D]."""
+        out = self.model(input_ids=None if inputs_embeds is not None else input_ids, inputs_embeds=inputs_embeds, use_cache=False)
+        return out.last_hidden_state
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (HF names) into our parameters and buffers; works after start too."""
+        targets = dict(self.named_parameters()) | dict(self.named_buffers())
+        loaded = set()
+        for name, tensor in weights:
+            if name not in targets:
+                raise KeyError(f"K3 hybrid checkpoint tensor {name!r} has no parameter in the vLLM model")
+            target = targets[name]
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}")
+            with torch.no_grad():
+                target.copy_(tensor)
+            loaded.add(name)
+        # vLLM's Attention keeps its own (unused, fp32-cache) scale parameters; they are not checkpoint weights.
+        return loaded | {name for name, _ in self.named_parameters() if ".attn." in name}
+
+    # ----- hybrid state cache: one (conv tail, recurrent state) pair per KDA layer and request -----
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return kda_state_shape(vllm_config.model_config.hf_config)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return MambaStateDtypeCalculator.kda_state_dtype(
+            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
+        )
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return MambaStateCopyFuncCalculator.kda_state_copy_func()
+
+
+def kda_state_shape(config: K3HybridConfig):
+    lac = config.linear_attn_config
+    return MambaStateShapeCalculator.kda_state_shape(
+        1, lac["num_heads"], lac["head_dim"], conv_kernel_size=lac["short_conv_kernel_size"]
+    )
+
+
+class VllmDecoderLayer(K3DecoderLayer):
+    """The HF decoder layer (AttnRes, norms, MLP/MoE) with a vLLM-cached attention."""
+
+    def __init__(self, config: K3HybridConfig, layer_idx: int, vllm_config: VllmConfig, prefix: str):
+        super().__init__(config, layer_idx)
+        attention = VllmKDA if self.is_kda else VllmMLA
+        self.self_attn = attention(config, layer_idx, vllm_config, prefix=f"{prefix}.self_attn")
+
+    def attend(self, h: torch.Tensor, attention_mask=None, cache=None) -> torch.Tensor:
+        return self.self_attn(h)
+
+
+class VllmMLA(MLAAttention):
+    """Gated MLA in MHA mode: per-head K/V materialised from the latent, attention by vLLM."""
+
+    def __init__(self, config: K3HybridConfig, layer_idx: int, vllm_config: VllmConfig, prefix: str):
+        super().__init__(config, layer_idx)
+        if not config.mla_use_nope:
+            raise ValueError("the vLLM plugin implements NoPE MLA only (config.mla_use_nope=True)")
+        self.attn = Attention(
+            num_heads=self.num_heads,
+            head_size=config.qk_head_dim,
+            scale=self.scaling,
+            num_kv_heads=self.num_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=f"{prefix}.attn",
+            head_size_v=self.v_head_dim,
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.unsqueeze(0)  # the HF helpers take [B,T,D]; vLLM's batch is one flat row
+        query = self.project_query(x)[0].transpose(0, 1)  # [N,H,qk]
+        key, value = (t[0].transpose(0, 1) for t in self.expand_kv(*self.compress_kv(x)))
+        out = self.attn(query.contiguous(), key.contiguous(), value.contiguous())
+        if self.g_proj is not None:
+            out = out * torch.sigmoid(self.g_proj(hidden_states))
+        return self.o_proj(out)
+
+
+class VllmKDA(KimiDeltaAttention, MambaBase):
+    """KDA whose per-request state lives in vLLM's hybrid state cache (mamba type GDN: same metadata)."""
+
+    def __init__(self, config: K3HybridConfig, layer_idx: int, vllm_config: VllmConfig, prefix: str):
+        super().__init__(config, layer_idx)
+        self.prefix = prefix
+        self.config = config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        if vllm_config.speculative_config is not None:
+            raise ValueError("the K3 vLLM plugin does not support speculative decoding")
+        forward_context = vllm_config.compilation_config.static_forward_context
+        if prefix in forward_context:
+            raise ValueError(f"duplicate layer name {prefix}")
+        forward_context[prefix] = self
+
+    @property
+    def mamba_type(self) -> MambaAttentionBackendEnum:
+        return MambaAttentionBackendEnum.GDN_ATTN
+
+    def get_state_shape(self):
+        return kda_state_shape(self.config)
+
+    def get_state_dtype(self):
+        return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N,D], requests laid out decodes first, then prefills."""
+        x = hidden_states
+        heads = (x.shape[0], self.num_heads, self.head_dim)
+        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log, self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        o = torch.zeros(heads, dtype=torch.float32, device=x.device)
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict) and self.prefix in metadata:  # absent in vLLM's dummy profiling runs
+            self.attend_cached(x, g, beta, o, metadata[self.prefix])
+
+        gate = self.g_proj(x) if self.use_full_rank_gate else self.g_b_proj(self.g_a_proj(x))
+        o = self.o_norm(o) * torch.sigmoid(gate.float().view(heads))
+        return self.o_proj(o.flatten(-2).to(x.dtype))
+
+    def attend_cached(self, x, g, beta, out, m: GDNAttentionMetadata) -> None:
+        conv_cache, recurrent_cache = self.kv_cache
+        if not is_conv_state_dim_first():
+            conv_cache = conv_cache.transpose(-1, -2)  # -> [slots, 3*H*K, kernel-1]
+        slots = m.non_spec_state_indices_tensor.long()
+        starts = m.non_spec_query_start_loc.tolist()
+        if m.num_decodes:
+            decodes = slice(0, m.num_decode_tokens)
+            out[decodes] = self.decode_step(x[decodes], g[decodes], beta[decodes], slots[: m.num_decodes], conv_cache, recurrent_cache)
+        for r in range(m.num_decodes, m.num_decodes + m.num_prefills):
+            tokens = slice(starts[r], starts[r + 1])
+            slot = slots[r : r + 1]
+            has_state = bool(m.has_initial_state[r])
+            out[tokens] = self.prefill(x[tokens], g[tokens], beta[tokens], slot, has_state, conv_cache, recurrent_cache)
+
+    def decode_step(self, x, g, beta, slots, conv_cache, recurrent_cache) -> torch.Tensor:
+        """One new token for each of B requests, batched: x [B,D] -> o [B,H,V]."""
+        conv_tails = conv_cache[slots].chunk(3, dim=1)
+        stepped = [conv.step(proj(x), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
+        (q, q_tail), (k, k_tail), (v, v_tail) = stepped
+        conv_cache[slots] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
+        o, state = self.run_kda(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], recurrent_cache[slots], "recurrent")
+        recurrent_cache[slots] = state.to(recurrent_cache.dtype)
+        return o[:, 0]
+
+    def prefill(self, x, g, beta, slot, has_state: bool, conv_cache, recurrent_cache) -> torch.Tensor:
+        """T prompt tokens of one request (a whole prompt, or a chunk continuing a cached state) -> o [T,H,V]."""
+        conv_tails = conv_cache[slot].chunk(3, dim=1) if has_state else [None] * 3
+        convolved = [conv(proj(x[None]), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
+        (q, q_tail), (k, k_tail), (v, v_tail) = convolved
+        conv_cache[slot] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
+        initial = recurrent_cache[slot] if has_state else None
+        o, state = self.run_kda(q, k, v, g[None], beta[None], initial, "chunk")
+        recurrent_cache[slot] = state.to(recurrent_cache.dtype)
+        return o[0]
+
+    def run_kda(self, q, k, v, g, beta, initial_state, mode: str):
+        """q,k,v [B,T,H*K] after the short convolutions; g [B,T,H,K]; beta [B,T,H]."""
+        heads = (*q.shape[:2], self.num_heads, self.head_dim)
+        return kda_ops(
+            l2norm(q.float().view(heads)), l2norm(k.float().view(heads)), v.view(heads), g, beta,
+            initial_state=initial_state, output_final_state=True, mode=mode,
+        )
+
+    def convs(self):
+        return self.q_conv1d, self.k_conv1d, self.v_conv1d
