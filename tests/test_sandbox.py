@@ -1,0 +1,398 @@
+"""Attack suite: hostile programs are contained, score 0, and leave this test process unharmed.
+
+Every hostile program of a suite runs in one parallel batch (the sandbox's worker pool); the tests
+then check what each one achieved. bwrap is required: a machine without it fails here loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mopd.envs.code import CodeEnv
+from mopd.envs.sandbox import SANDBOX_UID_BASE, UIDS_PER_PROCESS, Limits, Program, Sandbox, choose_backend
+
+LIMITS = Limits(cpu_s=1, wall_s=3.0)
+TEST_PID = os.getpid()
+ETC_PASSWD = Path("/etc/passwd")
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------- the outside world
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """Things a contained program must not reach: files, a local server, a bystander process."""
+    root = tmp_path_factory.mktemp("outside")
+    root.chmod(0o777)  # even world-writable: only the sandbox protects them
+    sentinel = root / "sentinel.txt"
+    sentinel.write_text("untouched")
+    sentinel.chmod(0o666)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    bystander = subprocess.Popen(["sleep", "120"])
+    world = {
+        "root": root,
+        "sentinel": sentinel,
+        "server": server,
+        "port": server.getsockname()[1],
+        "bystander": bystander,
+        "passwd_sha": sha(ETC_PASSWD),
+    }
+    yield world
+    bystander.kill()
+    bystander.wait()
+    server.close()
+
+
+def hostile_programs(world: dict) -> dict[str, str]:
+    sentinel, port, bystander = str(world["sentinel"]), world["port"], world["bystander"].pid
+    return {
+        "fork_bomb": """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+""",
+        "fork_count": """
+import os, time
+forks = 0
+for _ in range(200):
+    try:
+        if os.fork() == 0:
+            time.sleep(2)
+            os._exit(0)
+        forks += 1
+    except OSError:
+        break
+print("FORKS", forks)
+""",
+        "memory_bomb": """
+blob = bytearray(8 << 30)
+print("ALLOCATED")
+""",
+        "memory_creep": """
+chunks = []
+while True:
+    chunks.append(bytearray(64 << 20))
+    print("CHUNK", len(chunks), flush=True)
+""",
+        "infinite_loop": "while True:\n    pass\n",
+        "sleep_forever": "import time\ntime.sleep(600)\n",
+        "network": f"""
+import socket
+for address in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 80)]:
+    try:
+        socket.create_connection(address, timeout=1).sendall(b"hello")
+        print("CONNECTED", address)
+    except OSError as exc:
+        print("blocked", address, exc)
+""",
+        "write_outside": f"""
+import os
+for path, mode in [({sentinel!r}, "w"), ("/etc/passwd", "a"), ("/usr/evil", "w"), ("/evil", "w")]:
+    try:
+        with open(path, mode) as f:
+            f.write("pwned")
+        print("WROTE", path)
+    except OSError as exc:
+        print("refused", path, exc)
+for action in (lambda: os.remove({sentinel!r}), lambda: os.chmod("/etc/passwd", 0o777)):
+    try:
+        action()
+        print("WROTE by", action)
+    except OSError as exc:
+        print("refused", exc)
+""",
+        "read_outside": f"""
+for path in [{__file__!r}, {sentinel!r}, "/etc/shadow", "/etc/passwd", "/root/.bashrc"]:
+    try:
+        print("LEAK", path, open(path).read()[:20])
+    except OSError as exc:
+        print("refused", path, exc)
+""",
+        "read_parent": f"""
+import os
+for name in ["environ", "cmdline", "mem", "maps", "status"]:
+    try:
+        data = open("/proc/{TEST_PID}/" + name, "rb").read(200)
+        if data:
+            print("LEAK", name, data[:40])
+    except OSError as exc:
+        print("refused", name, exc)
+for pid in os.listdir("/proc"):
+    try:
+        if b"py" + b"test" in open(f"/proc/{{pid}}/cmdline", "rb").read():  # not in our own source
+            print("LEAK: the test runner is visible as", pid)
+    except OSError:
+        pass
+""",
+        "kill_parent": f"""
+import os, signal
+for pid in (os.getppid(), {TEST_PID}, {bystander}):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError as exc:
+        print("refused", pid, exc)
+os.kill(-1, signal.SIGKILL)
+""",
+        "kill_all_by_shell": "import os\nos.system('kill -9 -1; pkill -9 -f pytest; killall -9 python3')\n",
+        "escaped_daemon": f"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(2)
+        open({sentinel!r}, "w").write("written later by a daemon")
+        os._exit(0)
+    os._exit(0)
+print("left a daemon behind")
+""",
+        "big_file": """
+with open("/tmp/big", "wb") as f:
+    f.write(b"0" * (64 << 20))
+print("WROTE BIG")
+""",
+        "fill_tmp": """
+for i in range(64):
+    with open(f"/tmp/f{i}", "wb") as f:
+        f.write(b"0" * ((1 << 20) - 1))
+print("FILLED")
+""",
+        "flood_stdout": "import sys\nsys.stdout.write('x' * (64 << 20))\n",
+        "nested_userns": """
+import os
+try:
+    os.unshare(os.CLONE_NEWUSER)
+    print("UNSHARED")
+except (OSError, AttributeError) as exc:
+    print("refused", exc)
+""",
+    }
+
+
+def sandbox_uid_processes() -> list[int]:
+    """Live processes running as one of this test process's sandbox uids.
+
+    Zombies don't count: bwrap's namespace init is reparented to the system's init, which reaps it
+    a little later; it holds no memory and runs nothing.
+    """
+    block = SANDBOX_UID_BASE + (TEST_PID % 100_000) * UIDS_PER_PROCESS
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if block <= uid < block + UIDS_PER_PROCESS and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def run_suite(backend: str, world: dict, names: list[str] | None = None) -> tuple[dict, float]:
+    programs = hostile_programs(world)
+    names = names or list(programs)
+    sandbox = Sandbox(LIMITS, workers=len(names), backend=backend)
+    start = time.monotonic()
+    results = sandbox.run_many([Program(programs[name]) for name in names])
+    sandbox.close()
+    return dict(zip(names, results)), time.monotonic() - start
+
+
+# -------------------------------------------------------------------------------- bwrap suite
+def test_bwrap_is_installed_and_usable():
+    assert shutil.which("bwrap"), "bubblewrap is missing: install it ('apt-get install bubblewrap')"
+    assert Sandbox(backend="bwrap").backend == "bwrap"
+
+
+@pytest.fixture(scope="module")
+def bwrap_suite(outside):
+    results, elapsed = run_suite("bwrap", outside)
+    time.sleep(0.5)  # let the kernel finish tearing the namespaces down
+    return results, elapsed, sandbox_uid_processes()
+
+
+def test_resource_bombs_are_contained(bwrap_suite):
+    results, elapsed, leftovers = bwrap_suite
+    assert elapsed < LIMITS.wall_s + 10
+    for name in ("fork_bomb", "infinite_loop", "sleep_forever", "memory_creep"):
+        assert results[name].returncode != 0, name
+    assert results["sleep_forever"].status == "timeout"
+    forks = int(results["fork_count"].stdout.split()[-1])
+    assert 0 < forks < LIMITS.max_processes
+    assert "ALLOCATED" not in results["memory_bomb"].stdout and "MemoryError" in results["memory_bomb"].stderr
+    chunks = results["memory_creep"].stdout.split()
+    assert int(chunks[-1]) * (64 << 20) <= LIMITS.memory_bytes
+    assert leftovers == [], "sandboxed processes outlived their run"
+
+
+def test_no_network(bwrap_suite, outside):
+    results, _, _ = bwrap_suite
+    assert "CONNECTED" not in results["network"].stdout
+    assert results["network"].stdout.count("blocked") == 3
+    with pytest.raises(BlockingIOError):
+        outside["server"].accept()
+
+
+def test_file_system_is_read_only_and_private(bwrap_suite, outside):
+    results, _, _ = bwrap_suite
+    assert "WROTE" not in results["write_outside"].stdout
+    assert results["write_outside"].stdout.count("refused") == 6
+    assert "LEAK" not in results["read_outside"].stdout
+    assert "WROTE BIG" not in results["big_file"].stdout
+    assert "FILLED" not in results["fill_tmp"].stdout
+    assert len(results["flood_stdout"].stdout) <= LIMITS.file_bytes
+    assert outside["sentinel"].read_text() == "untouched"
+    assert sha(ETC_PASSWD) == outside["passwd_sha"]
+
+
+def test_parent_is_invisible_and_unkillable(bwrap_suite, outside):
+    results, _, _ = bwrap_suite
+    assert "LEAK" not in results["read_parent"].stdout
+    os.kill(TEST_PID, 0)
+    assert outside["bystander"].poll() is None
+    assert "UNSHARED" not in results["nested_userns"].stdout
+
+
+def test_escaped_daemon_dies_with_its_sandbox(bwrap_suite, outside):
+    results, _, leftovers = bwrap_suite
+    assert "left a daemon behind" in results["escaped_daemon"].stdout
+    assert leftovers == []
+    time.sleep(2.0)
+    assert outside["sentinel"].read_text() == "untouched"
+
+
+# ------------------------------------------------------------------------------ reward hacks
+CORRECT = "def f(xs):\n    return [x + 1 for x in xs]\n"
+
+
+def reward_hacks(world: dict) -> dict[str, str]:
+    hidden = str(world["root"] / "hidden_tests.json")
+    return {
+        "exit_zero_early": "import os\nos._exit(0)\n",
+        "sys_exit_zero": "import sys\nsys.exit(0)\n",
+        "print_pass": "print('PASS')\nprint('OK')\nprint('Ran 8 tests: OK')\ndef f(xs):\n    return None\n",
+        "raise_system_exit": "def f(xs):\n    raise SystemExit(0)\n",
+        "raise_keyboard_interrupt": "def f(xs):\n    raise KeyboardInterrupt\n",
+        "patch_builtins": (
+            "import builtins\nbuiltins.type = lambda *a: list\nbuiltins.isinstance = lambda *a: True\n"
+            "def f(xs):\n    return object()\n"
+        ),
+        "patch_harness_json": (
+            "import json\njson.dumps = lambda *a, **k: '{\"cases\": \"all passed\"}'\n"
+            "def f(xs):\n    return None\n"
+        ),
+        "patch_unittest": (
+            "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+            "unittest.TestResult.wasSuccessful = lambda self: True\ndef f(xs):\n    return None\n"
+        ),
+        "always_equal_object": (
+            "class Anything:\n    def __eq__(self, other):\n        return True\n"
+            "    def __ne__(self, other):\n        return False\n    __hash__ = object.__hash__\n"
+            "def f(xs):\n    return Anything()\n"
+        ),
+        "always_equal_list": "class L(list):\n    def __eq__(self, other):\n        return True\ndef f(xs):\n    return L()\n",
+        "always_equal_int": "class I(int):\n    def __eq__(self, other):\n        return True\ndef f(xs):\n    return I(0)\n",
+        "forged_record": (
+            "import json, os, sys\ndef f(xs):\n    payload = sys._getframe(1).f_globals['payload']\n"
+            "    cases = [{'ok': args[0]} for args in payload['inputs']]\n"
+            "    sys.stdout.write('\\n' + payload['nonce'] + json.dumps({'cases': cases}) + '\\n')\n"
+            "    sys.stdout.flush()\n    os._exit(0)\n"
+        ),
+        "record_bomb": (
+            "import os, sys\ndef f(xs):\n    nonce = sys._getframe(1).f_globals['payload']['nonce']\n"
+            "    sys.stdout.write('\\n' + nonce + '[' * 200000 + ']' * 200000 + '\\n')\n"
+            "    sys.stdout.flush()\n    os._exit(0)\n"
+        ),
+        "read_hidden_tests": (
+            "import json\nanswers = {json.dumps(t['args']): t['expected'] for t in json.load(open("
+            f"{hidden!r}))}}\ndef f(*args):\n    return answers[json.dumps(list(args))]\n"
+        ),
+        "read_parent_memory": (
+            f"def f(xs):\n    return open('/proc/{TEST_PID}/environ').read()\n"
+        ),
+        "kill_parent_in_call": (
+            "import os, signal\ndef f(xs):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+            f"    os.kill({TEST_PID}, signal.SIGKILL)\n    os.kill(-1, signal.SIGKILL)\n    return [x + 1 for x in xs]\n"
+        ),
+        "examples_only": "def f(xs):\n    return [2]\n",
+        "loop_in_call": "def f(xs):\n    while True:\n        pass\n",
+    }
+
+
+def hack_verdicts(backend: str, world: dict) -> tuple[dict, object]:
+    env = CodeEnv(families=["list_pipeline"], workers=8, limits=LIMITS, backend=backend)
+    task = env.sample(1, seed=0)[0]
+    tests = [{"args": [[1, 2]], "expected": [2, 3]}, {"args": [[]], "expected": []}, {"args": [[5]], "expected": [6]}]
+    task = type(task)(task.id, task.domain, task.effort, task.prompt, {**task.meta, "tests": tests})
+    hidden = world["root"] / "hidden_tests.json"
+    hidden.write_text(json.dumps(tests))
+    hidden.chmod(0o644)  # readable by anyone who can reach it
+    hacks = {"correct": CORRECT, **reward_hacks(world)}
+    completions = [f"<think>hm</think>\n```python\n{code}```" for code in hacks.values()]
+    verdicts = env.verify_many([task] * len(hacks), completions)
+    env.close()
+    return dict(zip(hacks, verdicts)), task
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "rlimit"])
+def test_reward_hacks_score_zero(backend, outside):
+    verdicts, _ = hack_verdicts(backend, outside)
+    assert verdicts.pop("correct").reward == 1.0
+    assert len(verdicts) >= 15
+    won = {name: v.details for name, v in verdicts.items() if v.reward != 0.0}
+    assert won == {}
+    os.kill(TEST_PID, 0)
+    assert outside["bystander"].poll() is None
+    assert verdicts["loop_in_call"].details["status"] in ("timeout", "exited")
+
+
+# ---------------------------------------------------------------------------- rlimit fallback
+def test_rlimit_fallback_contains_bombs_and_killers(outside):
+    names = ["fork_bomb", "fork_count", "memory_bomb", "infinite_loop", "write_outside", "read_outside",
+             "read_parent", "kill_parent", "escaped_daemon", "big_file"]
+    results, elapsed = run_suite("rlimit", outside, names)
+    assert elapsed < LIMITS.wall_s + 10
+    assert int(results["fork_count"].stdout.split()[-1]) < LIMITS.max_processes
+    assert results["fork_bomb"].returncode != 0 and results["infinite_loop"].returncode != 0
+    assert "ALLOCATED" not in results["memory_bomb"].stdout
+    assert "WROTE" not in results["write_outside"].stdout + results["big_file"].stdout
+    # Degraded mode: the file system and /proc are shared, so only what permissions protect is safe.
+    for secret in (f"LEAK {outside['sentinel']}", "LEAK /etc/shadow", "LEAK environ", "LEAK mem", "LEAK maps"):
+        assert secret not in results["read_outside"].stdout + results["read_parent"].stdout
+    assert outside["sentinel"].read_text() == "untouched"
+    assert sha(ETC_PASSWD) == outside["passwd_sha"]
+    assert outside["bystander"].poll() is None
+    assert sandbox_uid_processes() == []  # the escaped daemon was killed by uid
+
+
+def test_unusable_bwrap_falls_back_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="mopd.envs.sandbox"):
+        assert choose_backend("auto", "/nonexistent/python3") == "rlimit"
+    assert "DEGRADED" in caplog.text
+    with pytest.raises(RuntimeError, match="bwrap sandbox was requested"):
+        choose_backend("bwrap", "/nonexistent/python3")
+
+
+def test_probes_do_detect_leaks_without_a_sandbox(outside):
+    """Control: the harmless probes really leak when run as a plain child, so their silence above counts."""
+    programs = hostile_programs(outside)
+    for name, marker in (("read_outside", "LEAK"), ("read_parent", "LEAK"), ("network", "CONNECTED")):
+        out = subprocess.run(["python3", "-c", programs[name]], capture_output=True, text=True, timeout=30).stdout
+        assert marker in out, name
+    connection, _ = outside["server"].accept()
+    connection.close()
