@@ -1,8 +1,10 @@
 """The chat template (text, Jinja twin, loss masks) and the effort protocol (budgets, shaping)."""
 
 import dataclasses
+import re
 
 import pytest
+from jinja2 import TemplateError
 
 from mopd.envs.base import EFFORTS, Verdict, split_thinking
 from mopd.envs.chat import (
@@ -73,6 +75,10 @@ def test_jinja_template_on_the_tokenizer_renders_exactly_the_same_text(tokenizer
             add_generation_prompt=open_turn,
         )
         assert templated == rendered
+        ids = tokenizer.apply_chat_template(
+            messages_for("Find Y.", turns, system), effort=effort, add_generation_prompt=open_turn
+        )["input_ids"]
+        assert ids == tokenize_segments(tokenizer, render_turns("Find Y.", turns, effort, system))[0]
 
 
 def test_transcript_masks_train_only_on_assistant_tokens(tokenizer):
@@ -87,7 +93,10 @@ def test_transcript_masks_train_only_on_assistant_tokens(tokenizer):
     assert "[(1,)]" not in trained and "Find Y." not in trained
 
 
-def test_template_rejects_bad_turns_and_efforts():
+def test_template_rejects_bad_turns_and_efforts(tokenizer):
+    for bad in ({}, {"effort": "medium"}):
+        with pytest.raises(TemplateError, match=re.escape("pass effort=low|high|max")):
+            tokenizer.apply_chat_template(messages_for("x"), tokenize=False, **bad)
     with pytest.raises(ValueError, match="effort 'medium'"):
         render_prompt("x", "medium")
     with pytest.raises(ValueError, match="turn 0: role"):

@@ -137,11 +137,13 @@ def messages_for(
     return [*head, {"role": "user", "content": prompt}, *turns]
 
 
-# The Jinja twin of render_prompt/render_turns; `effort` is passed as a template kwarg.
+# The Jinja twin of render_prompt/render_turns; `effort` is a required template kwarg.
 # Tests check `apply_chat_template(messages_for(...), effort=..., add_generation_prompt=...)`
 # renders exactly the text above.
 CHAT_TEMPLATE = (
-    "{%- set effort = effort | default('high') -%}"
+    "{%- if effort is not defined or effort not in ['low', 'high', 'max'] -%}"
+    "{{ raise_exception('pass effort=low|high|max to apply_chat_template') }}"
+    "{%- endif -%}"
     "{%- set header = '<|assistant|><|effort:' ~ effort ~ '|>' -%}"
     "<|bos|>"
     "{%- for message in messages -%}"
