@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mopd.envs.agent_db import (
+    ID_TABLES,
     ITEMS_BY_CATEGORY,
     SCHEMA,
     TABLES,
@@ -48,7 +49,6 @@ from mopd.envs.agent_db import (
     StatementBudget,
     build_database,
     db_spec,
-    dump_tables,
     open_guarded,
     open_plain,
 )
@@ -90,7 +90,7 @@ class AgentEnv:
     domain = "agent"
 
     def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_lookups: int = 3,
-                 n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 12,
+                 n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 16,
                  max_rows: int = 50, max_chars: int = 4000, max_statement_steps: int = 20_000_000,
                  max_statement_seconds: float = 2.0):
         self.families = tuple(families or FAMILIES)
@@ -207,7 +207,7 @@ class AgentEnv:
     def snapshot(self, episode: Episode) -> bytes:
         header = json.dumps({"task": asdict(episode.task), "turns": episode.turns, "done": episode.done,
                              "final_answer": episode.final_answer, "error": episode.error}).encode()
-        return SNAPSHOT_MAGIC + len(header).to_bytes(4, "little") + header + episode.conn.serialize()
+        return b"".join((SNAPSHOT_MAGIC, len(header).to_bytes(4, "little"), header, episode.conn.serialize()))
 
     def restore(self, data: bytes) -> Episode:
         if not data.startswith(SNAPSHOT_MAGIC):
@@ -234,11 +234,10 @@ class AgentEnv:
                                    "finished": episode.final_answer is not None}
         if episode.error:
             return Verdict(0.0, {**details, "error": episode.error})
-        initial = build_database(task.meta["db"])
-        expected_conn = open_plain(initial)
+        expected_conn = open_plain(build_database(task.meta["db"]))
+        last_ids = {table: expected_conn.execute(f"SELECT MAX(id) FROM {table}").fetchone()[0] for table in ID_TABLES}
         expected_answer = FAMILIES[task.meta["family"]].apply(expected_conn, task.meta["goal"])
-        diff = diff_tables(dump_tables(open_plain(initial)), dump_tables(expected_conn),
-                           dump_tables(episode.conn))
+        diff = diff_databases(episode.conn.serialize(), expected_conn.serialize(), last_ids)
         details.update(diff)
         ok = not diff["missing_rows"] and not diff["unexpected_rows"]
         if expected_answer is not None:
@@ -323,25 +322,34 @@ def split_of(key: str) -> str:
     return "eval" if int(key[:8], 16) % EVAL_FRACTION == 0 else "train"
 
 
-def diff_tables(initial: dict[str, list], expected: dict[str, list], actual: dict[str, list]) -> dict[str, Any]:
+def diff_databases(actual: bytes, expected: bytes, last_ids: dict[str, int]) -> dict[str, Any]:
     """Rows expected but absent, and rows present but not expected, over all tables.
 
-    New rows' integer ids are not graded (the database picks them), so in tables keyed by `id`
-    a row whose id was not in the initial table is compared without it.
+    Rows that existed at the start are matched whole: their primary keys make them unique, so
+    SQL's EXCEPT is exact. New rows' ids are the database's choice, so a new row (id above the
+    initial largest, `last_ids`) is matched without its id, as a multiset.
     """
+    conn = open_plain(actual)
+    conn.execute("ATTACH ':memory:' AS expected")
+    conn.deserialize(expected, name="expected")
     missing, unexpected = [], []
     for table in TABLES:
-        old_ids = {row[0] for row in initial[table]}
-        want = Counter(_without_new_id(row, table, old_ids) for row in expected[table])
-        have = Counter(_without_new_id(row, table, old_ids) for row in actual[table])
-        missing += [[table, *row] for row in (want - have).elements()]
-        unexpected += [[table, *row] for row in (have - want).elements()]
+        old = f"WHERE id <= {last_ids[table]}" if table in last_ids else ""
+        missing += _rows_only_in(conn, "expected", "main", table, old)
+        unexpected += _rows_only_in(conn, "main", "expected", table, old)
+        if table in last_ids:
+            want, have = (Counter(row[1:] for row in conn.execute(
+                f"SELECT * FROM {schema}.{table} WHERE id > {last_ids[table]}")) for schema in ("expected", "main"))
+            missing += [[table, None, *row] for row in (want - have).elements()]
+            unexpected += [[table, None, *row] for row in (have - want).elements()]
+    conn.close()
     return {"missing_rows": len(missing), "unexpected_rows": len(unexpected),
-            "diff_examples": (missing[:3], unexpected[:3])}
+            "diff_examples": {"missing": missing[:3], "unexpected": unexpected[:3]}}
 
 
-def _without_new_id(row: tuple, table: str, old_ids: set) -> tuple:
-    return (None, *row[1:]) if table != "inventory" and row[0] not in old_ids else row
+def _rows_only_in(conn: sqlite3.Connection, schema: str, other: str, table: str, where: str) -> list[list[Any]]:
+    query = f"SELECT * FROM {schema}.{table} {where} EXCEPT SELECT * FROM {other}.{table} {where}"
+    return [[table, *row] for row in conn.execute(query)]
 
 
 def sql_list(values: list[Any]) -> str:
@@ -540,22 +548,20 @@ def _solve_move_stock(s: _Session, goal: dict[str, Any]) -> None:
             s.write("", f"INSERT INTO inventory (product_id, warehouse, quantity) VALUES ({product}, '{target}', {n}) "
                         "ON CONFLICT (product_id, warehouse) DO UPDATE SET quantity = quantity + excluded.quantity")
         return s.finish("", "Done.")
-    categories = sql_list(goal["categories"])
-    rows = s.query(s.think(high=f"I need the cheapest product in {categories}: I list their products by price.",
-                           max=f"Then I check its stock in '{source}' and '{target}', move {n} units with "
-                               "one write per warehouse, and read the stock back at the end."),
-                   f"SELECT category, id, name, price FROM products WHERE category IN ({categories}) "
-                   "ORDER BY category, price")
-    by_category: dict[str, list[list[str]]] = {}
-    for category, *product in rows:
-        by_category.setdefault(category, []).append(product)
-    cheapest = {category: products[0][0] for category, products in by_category.items()}
-    notes = [s.think(high=f"In '{category}' the cheapest is '{products[0][1]}' (id {products[0][0]}) at "
-                          f"{products[0][2]}.",
-                     max=f"The next one costs {products[1][2]}, so it is unique." if len(products) > 1 else "")
-             for category, products in by_category.items()]
+    cheapest, note = {}, s.think(
+        high="For each category I find the two cheapest products: the cheapest one moves, and the second "
+             "shows it is unique.",
+        max=f"Then I check their stock in '{source}' and '{target}', move {n} units with one write per "
+            "warehouse, and read the stock back at the end.")
+    for category in goal["categories"]:
+        rows = s.query(note, f"SELECT id, name, price FROM products WHERE category = '{category}' "
+                             "ORDER BY price LIMIT 2")
+        (product, name, price), runner_up = rows[0], rows[1:]
+        cheapest[category] = product
+        note = s.think(high=f"In '{category}' the cheapest is '{name}' (id {product}) at {price}.",
+                       max=f"The next one costs {runner_up[0][2]}, more than {price}." if runner_up else "")
     ids = ", ".join(cheapest.values())
-    stock_rows = s.query(" ".join([*notes, "Now their stock."]),
+    stock_rows = s.query(f"{note} Now the stock of {ids}.",
                          f"SELECT product_id, warehouse, quantity FROM inventory WHERE product_id IN ({ids}) "
                          "ORDER BY product_id, warehouse")
     stock = {(product, warehouse): int(quantity) for product, warehouse, quantity in stock_rows}

@@ -1,4 +1,4 @@
-"""The agent domain's database: schema, deterministic generator, guarded connections, table dumps.
+"""The agent domain's database: schema, deterministic generator, guarded connections.
 
 A database is fully described by a small JSON-serialisable spec (seed and row counts), so a task
 carries its database in `task.meta["db"]` and anyone can rebuild the identical bytes.
@@ -18,7 +18,6 @@ import random
 import sqlite3
 import time
 from functools import lru_cache
-from typing import Any
 
 SCHEMA = """\
 CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, category TEXT NOT NULL, price INTEGER NOT NULL);
@@ -26,6 +25,7 @@ CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, city 
 CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id), product_id INTEGER NOT NULL REFERENCES products(id), quantity INTEGER NOT NULL, unit_price INTEGER NOT NULL);
 CREATE TABLE inventory (product_id INTEGER NOT NULL REFERENCES products(id), warehouse TEXT NOT NULL, quantity INTEGER NOT NULL, PRIMARY KEY (product_id, warehouse));"""
 TABLES = ("products", "customers", "orders", "inventory")
+ID_TABLES = ("products", "customers", "orders")  # keyed by `id INTEGER PRIMARY KEY`
 
 ITEMS_BY_CATEGORY = {
     "fasteners": ("bolt", "nut", "screw", "washer", "rivet", "anchor"),
@@ -175,11 +175,3 @@ def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, 
     if action == sqlite3.SQLITE_PRAGMA:
         return sqlite3.SQLITE_OK if (arg1 or "").lower() in READ_ONLY_PRAGMAS else sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_DENY
-
-
-def table_rows(conn: sqlite3.Connection, table: str) -> list[tuple[Any, ...]]:
-    return conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
-
-
-def dump_tables(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
-    return {table: table_rows(conn, table) for table in TABLES}
