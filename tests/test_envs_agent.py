@@ -14,8 +14,9 @@ import pytest
 from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, split_of
 from mopd.envs.agent_db import _build, build_database
 from mopd.envs.base import Task, split_thinking
+from mopd.envs.bench_agent import main
 from mopd.envs.chat import render_turns
-from mopd.envs.data import dataset_to_tasks, tasks_to_dataset
+from mopd.envs.data import dataset_to_tasks, tasks_to_dataset, verify_task
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,17 @@ def test_question_answers_are_checked_against_the_database(env):
     assert env.verify(task, f"<think>guess</think>{expected}").reward == 1  # no lookup needed if you know it
     vandal = tool("DELETE FROM orders WHERE id = 1")
     assert env.verify(task, [{"role": "assistant", "content": vandal}, transcript[-1]]).reward == 0
+
+
+def test_new_rows_are_graded_without_their_ids_but_extra_rows_count(env):
+    task = replace(first_of("place_order"), effort="low")  # low effort: one INSERT per order line
+    transcript = env.solve(task)
+    pairs = [transcript[i:i + 4] for i in range(0, len(transcript) - 1, 4)]  # insert + update per line
+    reordered = [turn for pair in reversed(pairs) for turn in pair] + transcript[-1:]
+    assert len(task.meta["goal"]["lines"]) > 1
+    assert env.verify(task, reordered).reward == 1
+    twice = [*transcript[:2], *transcript]
+    assert env.verify(task, twice).details["unexpected_rows"] >= 1 and env.verify(task, twice).reward == 0
 
 
 def test_missing_or_unclosed_think_block_scores_zero(env):
@@ -196,7 +208,18 @@ def test_tasks_round_trip_through_a_dataset_and_stay_verifiable(env):
     back = dataset_to_tasks(tasks_to_dataset(tasks))
     assert back == tasks
     assert json.loads(json.dumps(tasks[0].meta)) == tasks[0].meta
-    assert all(env.verify(task, env.solve(task)).reward == 1 for task in back)
+    assert all(verify_task(task, env.solve(task)).reward == 1 for task in back)  # through the registry
+
+
+def test_benchmark_command_writes_its_numbers(tmp_path):
+    out = tmp_path / "bench" / "agent.json"
+    main(["--out", str(out), "--db-bytes", "200000", "--repeats", "20", "--episodes", "10", "--expert-tasks", "6"])
+    report = json.loads(out.read_text())
+    snapshots = report["snapshot_restore"]
+    assert snapshots["restore_byte_identical"] and snapshots["db_bytes"] > 100_000
+    assert 0 < snapshots["snapshot_ms"]["wall"]["p50"] <= snapshots["snapshot_ms"]["wall"]["p99"]
+    assert report["step_throughput"]["default_db"]["steps_per_s"] > 0
+    assert report["expert"]["tasks"] == 6 and report["machine"]["cpu_count"] == os.cpu_count()
 
 
 def test_bad_options_name_the_problem():
