@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mopd.envs.base import DOMAINS, EFFORTS
+from mopd.envs.effort import EffortSpec, default_effort_specs
 
 CELLS: tuple[str, ...] = tuple(f"{d}-{e}" for d in DOMAINS for e in EFFORTS)
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,23 +28,6 @@ class RecipeError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-# ----------------------------------------------------------------------------- efforts
-class EffortSpec(Strict):
-    """Thinking budget and reward shaping of one effort level."""
-
-    budget_tokens: int = Field(gt=0, description="thinking tokens allowed inside <think>…</think>")
-    answer_tokens: int = Field(64, gt=0, description="tokens allowed after </think>")
-    length_penalty: float = Field(0.0, ge=0.0, description="reward − penalty × thinking/budget")
-
-
-def default_efforts() -> dict[str, EffortSpec]:
-    return {
-        "low": EffortSpec(budget_tokens=16, length_penalty=0.1),
-        "high": EffortSpec(budget_tokens=96),
-        "max": EffortSpec(budget_tokens=384),
-    }
 
 
 # ----------------------------------------------------------------------------- model / base
@@ -158,7 +142,7 @@ class Recipe(Strict):
     rollout: Literal["vllm", "hf"] = "vllm"
     ray: RaySpec = Field(default_factory=RaySpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
-    efforts: dict[Literal["low", "high", "max"], EffortSpec] = Field(default_factory=default_efforts)
+    efforts: dict[Literal["low", "high", "max"], EffortSpec] = Field(default_factory=default_effort_specs)
     envs: dict[Literal["general", "agent", "code"], dict[str, Any]] = Field(default_factory=dict)
     base: BaseSpec = Field(default_factory=BaseSpec)
     teachers: TeachersSpec = Field(default_factory=TeachersSpec)
