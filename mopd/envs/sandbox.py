@@ -130,12 +130,12 @@ class Sandbox:
 def run_process(
     argv: list[str], stdin: str, wall_s: float, cwd: str, env: dict, uid: int | None
 ) -> RunResult:
-    ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    prefix, ids = as_user(uid)
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen(
-                argv,
+                prefix + argv,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
@@ -160,6 +160,19 @@ def run_process(
         return RunResult(status, proc.returncode, read_capped(out), read_capped(err), wall)
 
 
+def as_user(uid: int | None) -> tuple[list[str], dict]:
+    """Command prefix and Popen options that run a command as `uid` (None: as ourselves).
+
+    setpriv keeps Popen on its vfork path; asking Popen itself to switch uid makes it fork our
+    whole (possibly model-sized) process first, which costs ~10 ms of CPU per program.
+    """
+    if uid is None:
+        return [], {}
+    if shutil.which("setpriv"):
+        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"], {}
+    return [], {"user": uid, "group": uid, "extra_groups": []}
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -173,11 +186,10 @@ def read_capped(file, cap: int = 1 << 20) -> str:
 
 def kill_all_processes_of(uid: int) -> None:
     """`kill -9 -1` as the slot's uid: signals every process of that uid, and nothing else."""
+    prefix, ids = as_user(uid)
     subprocess.run(
-        ["kill", "-9", "-1"],
-        user=uid,
-        group=uid,
-        extra_groups=[],
+        [*prefix, "kill", "-9", "-1"],
+        **ids,
         env={},
         check=False,
         stdout=subprocess.DEVNULL,
