@@ -229,6 +229,13 @@ def test_bad_options_name_the_problem():
         AgentEnv(n_products=10_000)
     with pytest.raises(ValueError, match="split"):
         AgentEnv().sample(1, seed=0, split="test")
+    task = AgentEnv().sample(1, seed=0)[0]
+    with pytest.raises(ValueError, match=r"meta lacks \['goal'\]"):
+        AgentEnv().verify(replace(task, meta={k: v for k, v in task.meta.items() if k != "goal"}), "<think></think>1")
+    with pytest.raises(ValueError, match=r"meta\.family 'chess'"):
+        AgentEnv().reset(replace(task, meta={**task.meta, "family": "chess"}))
+    with pytest.raises(ValueError, match=r"bad meta\.db"):
+        AgentEnv().reset(replace(task, meta={**task.meta, "db": {"seed": 1}}))
 
 
 def test_initial_database_is_rebuilt_identically_from_its_spec(env):

@@ -151,6 +151,7 @@ class AgentEnv:
     # ---- episodes ------------------------------------------------------------------------------
 
     def reset(self, task: Task) -> Episode:
+        check_task(task)
         return self._episode(task, build_database(task.meta["db"]))
 
     def _episode(self, task: Task, data: bytes) -> Episode:
@@ -176,7 +177,7 @@ class AgentEnv:
             return None, True
         observation = self._run_tool(episode, call)
         episode.turns.append({"role": "observation", "content": observation})
-        episode.done = episode.assistant_turns >= episode.task.meta["max_turns"]
+        episode.done = episode.assistant_turns >= episode.task.meta.get("max_turns", self.max_turns)
         return observation, episode.done
 
     def _run_tool(self, episode: Episode, call: str | ToolCallError) -> str:
@@ -205,6 +206,7 @@ class AgentEnv:
         return text if len(text) <= self.max_chars else text[: self.max_chars] + "\n(output truncated)"
 
     def snapshot(self, episode: Episode) -> bytes:
+        """The whole episode as bytes: a magic line, a JSON header (task, turns, status), the database."""
         header = json.dumps({"task": asdict(episode.task), "turns": episode.turns, "done": episode.done,
                              "final_answer": episode.final_answer, "error": episode.error}).encode()
         return b"".join((SNAPSHOT_MAGIC, len(header).to_bytes(4, "little"), header, episode.conn.serialize()))
@@ -215,7 +217,7 @@ class AgentEnv:
         start = len(SNAPSHOT_MAGIC) + 4
         end = start + int.from_bytes(data[len(SNAPSHOT_MAGIC): start], "little")
         header = json.loads(data[start:end])
-        episode = self._episode(Task(**header.pop("task")), data[end:])
+        episode = self._episode(Task(**header.pop("task")), memoryview(data)[end:])
         for name, value in header.items():
             setattr(episode, name, value)
         return episode
@@ -234,6 +236,7 @@ class AgentEnv:
                                    "finished": episode.final_answer is not None}
         if episode.error:
             return Verdict(0.0, {**details, "error": episode.error})
+        check_task(task)
         expected_conn = open_plain(build_database(task.meta["db"]))
         last_ids = {table: expected_conn.execute(f"SELECT MAX(id) FROM {table}").fetchone()[0] for table in ID_TABLES}
         expected_answer = FAMILIES[task.meta["family"]].apply(expected_conn, task.meta["goal"])
@@ -266,6 +269,22 @@ class AgentEnv:
 
 
 # ---- tool calls, observations, answers ---------------------------------------------------------
+
+
+def check_task(task: Task) -> None:
+    """Tasks may come from users' files: say which field is wrong instead of failing deep inside."""
+    missing = [name for name in ("family", "goal", "db") if name not in task.meta]
+    if missing:
+        raise ValueError(f"agent task {task.id!r}: meta lacks {missing} (an AgentEnv task carries family, goal, db)")
+    if task.meta["family"] not in FAMILIES:
+        raise ValueError(f"agent task {task.id!r}: meta.family {task.meta['family']!r} is not one of {sorted(FAMILIES)}")
+    db = task.meta["db"]
+    if not isinstance(db, dict) or set(db) != {"seed", "n_products", "n_customers", "n_orders"}:
+        raise ValueError(f"agent task {task.id!r}: bad meta.db {db!r}: needs seed, n_products, n_customers, n_orders")
+    try:
+        db_spec(**db)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"agent task {task.id!r}: bad meta.db {db!r}: {error}") from error
 
 
 class ToolCallError(str):

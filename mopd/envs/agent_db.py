@@ -114,14 +114,14 @@ def _inventory(rng: random.Random, n_products: int) -> list[tuple]:
             for warehouse in rng.sample(WAREHOUSES, rng.randint(1, 3))]
 
 
-def open_plain(data: bytes) -> sqlite3.Connection:
+def open_plain(data: bytes | memoryview) -> sqlite3.Connection:
     """An unguarded writable connection on a copy of `data` (for the verifier's own reference writes)."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     conn.deserialize(data)
     return conn
 
 
-def open_guarded(data: bytes, max_value_bytes: int = 100_000, max_extra_pages: int = 2048) -> sqlite3.Connection:
+def open_guarded(data: bytes | memoryview, max_value_bytes: int = 100_000, max_extra_pages: int = 2048) -> sqlite3.Connection:
     """A connection on a copy of `data` that only the tool guard's rules can touch (see module doc).
 
     Pair it with a `StatementBudget` to bound each statement's running time.
