@@ -1,0 +1,124 @@
+"""The one sampling interface of the pipeline: teacher RL, MOPD and the benchmarks all use it.
+
+    generate(prompt_ids, n, sampling) -> per prompt, n Samples (token ids + log-probs of the sampled
+                                         tokens under the current policy, finish reason, version)
+    score(prompt_ids, completion_ids)  -> per-token log-probs of given completions (prefill only)
+    update_weights(state_dict)         -> the next generate samples from the new weights
+
+Token ids travel end to end; text is never re-tokenized. Log-probs are those of the unmodified
+policy (log-softmax of the raw logits), whatever the temperature / top-p used to sample.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from mopd.model.config import K3HybridConfig
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | Sequence[int] = 256  # one budget for all prompts, or one per prompt (effort)
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def max_tokens_for(self, num_prompts: int) -> list[int]:
+        if isinstance(self.max_tokens, int):
+            return [self.max_tokens] * num_prompts
+        if len(self.max_tokens) != num_prompts:
+            raise ValueError(
+                f"sampling.max_tokens has {len(self.max_tokens)} entries for {num_prompts} prompts"
+            )
+        return list(self.max_tokens)
+
+
+DEFAULT_SAMPLING = Sampling()
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
+    policy_version: int
+    extra: dict = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    policy_version: int
+
+    def generate(
+        self, prompt_ids: list[list[int]], n: int = 1, sampling: Sampling = DEFAULT_SAMPLING
+    ) -> list[list[Sample]]: ...
+
+    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int: ...
+
+
+class CheckpointError(ValueError):
+    """The directory is not a K3 hybrid checkpoint."""
+
+
+class PromptTooLongError(ValueError):
+    """A request does not fit in the engine's context window."""
+
+
+def load_k3_config(model_dir: str | Path) -> K3HybridConfig:
+    path = Path(model_dir)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{path} is not a K3 hybrid checkpoint: no config.json")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
+    if raw.get("model_type") != K3HybridConfig.model_type:
+        raise CheckpointError(
+            f"{path} is not a K3 hybrid checkpoint: config.json has model_type "
+            f"{raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
+        )
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise CheckpointError(f"{path} has a K3 config but no weights (*.safetensors)")
+    return K3HybridConfig.from_pretrained(path)
+
+
+def check_prompt_lengths(prompt_ids: Sequence[Sequence[int]], max_tokens: Sequence[int], max_model_len: int) -> None:
+    for i, (prompt, budget) in enumerate(zip(prompt_ids, max_tokens)):
+        if len(prompt) == 0:
+            raise ValueError(f"request {i}: empty prompt")
+        if len(prompt) + budget > max_model_len:
+            raise PromptTooLongError(
+                f"request {i}: prompt of {len(prompt)} tokens + max_tokens {budget} exceeds "
+                f"max_model_len {max_model_len}"
+            )
+
+
+def check_score_inputs(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> None:
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    for i, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+        if not prompt or not completion:
+            raise ValueError(f"score: request {i} has an empty prompt or completion")
+
+
+def create_engine(model_dir: str | Path, backend: str = "vllm", **kwargs) -> RolloutEngine:
+    if backend == "vllm":
+        from mopd.rollout.vllm_backend import VllmEngine
+
+        return VllmEngine(model_dir, **kwargs)
+    if backend == "hf":
+        from mopd.rollout.hf_backend import HFEngine
+
+        return HFEngine(model_dir, **kwargs)
+    raise ValueError(f"unknown rollout backend {backend!r}; known: 'vllm', 'hf'")

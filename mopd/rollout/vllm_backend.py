@@ -1,0 +1,140 @@
+"""The default rollout backend: vLLM (in-process) running the K3 hybrid through `mopd.vllm_plugin`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from mopd.rollout.engine import (
+    DEFAULT_SAMPLING,
+    Sample,
+    Sampling,
+    check_prompt_lengths,
+    check_score_inputs,
+    load_k3_config,
+)
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        max_model_len: int = 2048,
+        max_num_seqs: int = 128,
+        dtype: str = "float32",
+        seed: int = 0,
+        kv_cache_memory_bytes: int = 1 << 30,
+        **llm_kwargs,
+    ):
+        # Set before vLLM is imported: the in-process engine is ~6x faster on a few CPU cores.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.config = load_k3_config(model_dir)
+        self.has_tokenizer = _has_tokenizer(Path(model_dir))
+        self.max_model_len = max_model_len
+        self.policy_version = 0
+        self.llm = LLM(
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=False,  # the KDA state at a cached prefix is not kept
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            skip_tokenizer_init=not self.has_tokenizer,
+            **llm_kwargs,
+        )
+
+    def generate(
+        self, prompt_ids: list[list[int]], n: int = 1, sampling: Sampling = DEFAULT_SAMPLING
+    ) -> list[list[Sample]]:
+        budgets = sampling.max_tokens_for(len(prompt_ids))
+        check_prompt_lengths(prompt_ids, budgets, self.max_model_len)
+        params = [self._sampling_params(sampling, n, budget) for budget in budgets]
+        outputs = self.llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
+        version = self.policy_version
+        return [[_sample(completion, version) for completion in out.outputs] for out in outputs]
+
+    def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        from vllm import SamplingParams
+
+        check_score_inputs(prompt_ids, completion_ids)
+        full = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        check_prompt_lengths(full, [1] * len(full), self.max_model_len)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate(_token_prompts(full), params, use_tqdm=False)
+        return [
+            _prompt_token_logprobs(out.prompt_logprobs, seq)[-len(completion) :]
+            for out, seq, completion in zip(outputs, full, completion_ids)
+        ]
+
+    def prompt_logprobs(self, prompt_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs of tokens 1..T-1 of each prompt given the tokens before them."""
+        return self.score([p[:1] for p in prompt_ids], [p[1:] for p in prompt_ids])
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        weights = {name: tensor.detach().cpu() for name, tensor in state_dict.items()}
+        self.llm.apply_model(partial(_load_weights, weights=weights))
+        self.policy_version += 1
+        return self.policy_version
+
+    def _sampling_params(self, sampling: Sampling, n: int, max_tokens: int):
+        from vllm import SamplingParams
+
+        if sampling.stop and not self.has_tokenizer:
+            raise ValueError("stop strings need a tokenizer in the checkpoint directory; use stop_token_ids")
+        stop_ids = list(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids += _eos_ids(self.config)
+        return SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=max_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=stop_ids or None,
+            ignore_eos=sampling.ignore_eos,
+            seed=sampling.seed,
+            logprobs=0,
+            detokenize=self.has_tokenizer,
+        )
+
+
+def _load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    loaded = model.load_weights(weights.items())
+    missing = set(weights) - set(loaded)
+    if missing:
+        raise KeyError(f"update_weights: unknown parameter names {sorted(missing)[:5]}")
+
+
+def _token_prompts(prompt_ids: Iterable[list[int]]):
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+
+
+def _sample(completion, version: int) -> Sample:
+    token_ids = list(completion.token_ids)
+    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
+    return Sample(token_ids, logprobs, completion.finish_reason, version)
+
+
+def _prompt_token_logprobs(prompt_logprobs, seq: list[int]) -> list[float]:
+    # entry 0 is None: the first token has no context
+    return [step[token].logprob for step, token in zip(prompt_logprobs[1:], seq[1:])]
+
+
+def _eos_ids(config) -> list[int]:
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _has_tokenizer(model_dir: Path) -> bool:
+    return (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file()

