@@ -203,6 +203,14 @@ def sandbox_uid_processes() -> list[int]:
     return found
 
 
+def leftovers_after(seconds: float = 3.0) -> list[int]:
+    """Sandbox processes still alive `seconds` after a run: SIGKILLed ones take a moment to go."""
+    deadline = time.monotonic() + seconds
+    while (found := sandbox_uid_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
 def run_suite(backend: str, world: dict, names: list[str] | None = None) -> tuple[dict, float]:
     programs = hostile_programs(world)
     names = names or list(programs)
@@ -222,8 +230,7 @@ def test_bwrap_is_installed_and_usable():
 @pytest.fixture(scope="module")
 def bwrap_suite(outside):
     results, elapsed = run_suite("bwrap", outside)
-    time.sleep(0.5)  # let the kernel finish tearing the namespaces down
-    return results, elapsed, sandbox_uid_processes()
+    return results, elapsed, leftovers_after()
 
 
 def test_resource_bombs_are_contained(bwrap_suite):
@@ -293,7 +300,7 @@ def reward_hacks(world: dict) -> dict[str, str]:
             "def f(xs):\n    return object()\n"
         ),
         "patch_harness_json": (
-            "import json\njson.dumps = lambda *a, **k: '{\"cases\": \"all passed\"}'\n"
+            'import json\njson.dumps = lambda *a, **k: \'{"cases": "all passed"}\'\n'
             "def f(xs):\n    return None\n"
         ),
         "patch_unittest": (
@@ -322,9 +329,7 @@ def reward_hacks(world: dict) -> dict[str, str]:
             "import json\nanswers = {json.dumps(t['args']): t['expected'] for t in json.load(open("
             f"{hidden!r}))}}\ndef f(*args):\n    return answers[json.dumps(list(args))]\n"
         ),
-        "read_parent_memory": (
-            f"def f(xs):\n    return open('/proc/{TEST_PID}/environ').read()\n"
-        ),
+        "read_parent_memory": (f"def f(xs):\n    return open('/proc/{TEST_PID}/environ').read()\n"),
         "kill_parent_in_call": (
             "import os, signal\ndef f(xs):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
             f"    os.kill({TEST_PID}, signal.SIGKILL)\n    os.kill(-1, signal.SIGKILL)\n    return [x + 1 for x in xs]\n"
@@ -337,7 +342,11 @@ def reward_hacks(world: dict) -> dict[str, str]:
 def hack_verdicts(backend: str, world: dict) -> tuple[dict, object]:
     env = CodeEnv(families=["list_pipeline"], workers=8, limits=LIMITS, backend=backend)
     task = env.sample(1, seed=0)[0]
-    tests = [{"args": [[1, 2]], "expected": [2, 3]}, {"args": [[]], "expected": []}, {"args": [[5]], "expected": [6]}]
+    tests = [
+        {"args": [[1, 2]], "expected": [2, 3]},
+        {"args": [[]], "expected": []},
+        {"args": [[5]], "expected": [6]},
+    ]
     task = type(task)(task.id, task.domain, task.effort, task.prompt, {**task.meta, "tests": tests})
     hidden = world["root"] / "hidden_tests.json"
     hidden.write_text(json.dumps(tests))
@@ -363,8 +372,18 @@ def test_reward_hacks_score_zero(backend, outside):
 
 # ---------------------------------------------------------------------------- rlimit fallback
 def test_rlimit_fallback_contains_bombs_and_killers(outside):
-    names = ["fork_bomb", "fork_count", "memory_bomb", "infinite_loop", "write_outside", "read_outside",
-             "read_parent", "kill_parent", "escaped_daemon", "big_file"]
+    names = [
+        "fork_bomb",
+        "fork_count",
+        "memory_bomb",
+        "infinite_loop",
+        "write_outside",
+        "read_outside",
+        "read_parent",
+        "kill_parent",
+        "escaped_daemon",
+        "big_file",
+    ]
     results, elapsed = run_suite("rlimit", outside, names)
     assert elapsed < LIMITS.wall_s + 10
     assert int(results["fork_count"].stdout.split()[-1]) < LIMITS.max_processes
@@ -372,12 +391,18 @@ def test_rlimit_fallback_contains_bombs_and_killers(outside):
     assert "ALLOCATED" not in results["memory_bomb"].stdout
     assert "WROTE" not in results["write_outside"].stdout + results["big_file"].stdout
     # Degraded mode: the file system and /proc are shared, so only what permissions protect is safe.
-    for secret in (f"LEAK {outside['sentinel']}", "LEAK /etc/shadow", "LEAK environ", "LEAK mem", "LEAK maps"):
+    for secret in (
+        f"LEAK {outside['sentinel']}",
+        "LEAK /etc/shadow",
+        "LEAK environ",
+        "LEAK mem",
+        "LEAK maps",
+    ):
         assert secret not in results["read_outside"].stdout + results["read_parent"].stdout
     assert outside["sentinel"].read_text() == "untouched"
     assert sha(ETC_PASSWD) == outside["passwd_sha"]
     assert outside["bystander"].poll() is None
-    assert sandbox_uid_processes() == []  # the escaped daemon was killed by uid
+    assert leftovers_after() == []  # the escaped daemon was killed by uid
 
 
 def test_unusable_bwrap_falls_back_with_a_warning(caplog):
@@ -392,7 +417,9 @@ def test_probes_do_detect_leaks_without_a_sandbox(outside):
     """Control: the harmless probes really leak when run as a plain child, so their silence above counts."""
     programs = hostile_programs(outside)
     for name, marker in (("read_outside", "LEAK"), ("read_parent", "LEAK"), ("network", "CONNECTED")):
-        out = subprocess.run(["python3", "-c", programs[name]], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["python3", "-c", programs[name]], capture_output=True, text=True, timeout=30
+        ).stdout
         assert marker in out, name
     connection, _ = outside["server"].accept()
     connection.close()

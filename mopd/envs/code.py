@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import random
 import re
 import secrets
@@ -391,20 +392,37 @@ FENCED = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 # Runs inside the sandbox. It sees the candidate's code, the entry name, the inputs and the nonce;
 # never the expected outputs. Whatever the candidate does to this process only changes what it
 # writes, and the parent trusts nothing but plain JSON values that equal the expected ones.
+# It imports only built-in modules (`import json` alone would double the cost of a run): the
+# payload arrives marshalled, and `encode` writes JSON for plain values and refuses anything else.
 HARNESS = r"""
-import json, sys
+import marshal, sys
 
-def plain(value, depth=0):
+def encode(value, depth=0):
+    kind = type(value)
     if depth > 100:
         raise TypeError("nested too deep")
-    kind = type(value)
-    if kind in (bool, int, float, str, type(None)):
-        return value
+    if value is None or kind is bool:
+        return {None: "null", True: "true", False: "false"}[value]
+    if kind is int:
+        return str(value)
+    if kind is float and value - value == 0:  # finite
+        return repr(value)
+    if kind is str:
+        return '"' + "".join(map(encode_char, value)) + '"'
     if kind is list:
-        return [plain(v, depth + 1) for v in value]
+        return "[" + ",".join(encode(v, depth + 1) for v in value) + "]"
     if kind is dict and all(type(k) is str for k in value):
-        return {k: plain(v, depth + 1) for k, v in value.items()}
+        return "{" + ",".join(encode(k) + ":" + encode(v, depth + 1) for k, v in value.items()) + "}"
     raise TypeError(f"returned a {kind.__name__}, not a plain list/dict/str/int/float/bool/None")
+
+def encode_char(c):
+    code = ord(c)
+    if 32 <= code < 127:
+        return "\\" + c if c in '"\\' else c
+    if code < 0x10000:
+        return "\\u%04x" % code
+    code -= 0x10000
+    return "\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF))
 
 def run(payload):
     namespace = {"__name__": "candidate"}
@@ -412,18 +430,18 @@ def run(payload):
         exec(compile(payload["code"], "<candidate>", "exec"), namespace)
         function = namespace[payload["entry"]]
     except BaseException as exc:
-        return {"error": f"defining the code failed: {type(exc).__name__}: {exc}"[:500]}
+        return '{"error":' + encode(f"defining the code failed: {type(exc).__name__}: {exc}"[:500]) + "}"
     cases = []
     for args in payload["inputs"]:
         try:
-            cases.append({"ok": plain(function(*args))})
+            cases.append('{"ok":' + encode(function(*args)) + "}")
         except BaseException as exc:
-            cases.append({"error": f"{type(exc).__name__}: {exc}"[:200]})
-    return {"cases": cases}
+            cases.append('{"error":' + encode(f"{type(exc).__name__}: {exc}"[:200]) + "}")
+    return '{"cases":[' + ",".join(cases) + "]}"
 
-payload = json.loads(sys.stdin.read())
+payload = marshal.loads(sys.stdin.buffer.read())
 channel = sys.stdout
-record = json.dumps(run(payload))
+record = run(payload)
 channel.write("\n" + payload["nonce"] + record + "\n")
 channel.flush()
 """
@@ -461,7 +479,7 @@ def harness_program(code: str, task: Task, nonce: str) -> Program:
         "inputs": [t["args"] for t in task.meta["tests"]],
         "nonce": nonce,
     }
-    return Program(HARNESS, json.dumps(payload))
+    return Program(HARNESS, marshal.dumps(payload, 4))
 
 
 def score(task: Task, result: RunResult, nonce: str, backend: str) -> Verdict:

@@ -55,7 +55,7 @@ class Limits:
 @dataclass(frozen=True)
 class Program:
     source: str
-    stdin: str = ""
+    stdin: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class Sandbox:
 
 
 def run_process(
-    argv: list[str], stdin: str, wall_s: float, cwd: str, env: dict, uid: int | None
+    argv: list[str], stdin: bytes, wall_s: float, cwd: str, env: dict, uid: int | None
 ) -> RunResult:
     prefix, ids = as_user(uid)
     start = time.monotonic()
@@ -149,7 +149,7 @@ def run_process(
             return RunResult("error", None, "", f"could not start the sandbox: {exc}", 0.0)
         status: Literal["exited", "timeout"] = "exited"
         try:
-            proc.communicate(stdin.encode(), timeout=wall_s)
+            proc.communicate(stdin, timeout=wall_s)
         except subprocess.TimeoutExpired:
             status = "timeout"
             kill_group(proc)
@@ -307,7 +307,7 @@ def bwrap_problem(python: str) -> str | None:
         return "the bwrap executable is not on PATH"
     uid = SANDBOX_UID_BASE - 1 if os.geteuid() == 0 else None
     argv = bwrap_argv(python, Limits()) + python_argv(python, "print('sandbox-ok')")
-    result = run_process(argv, "", 10.0, "/", {}, uid)
+    result = run_process(argv, b"", 10.0, "/", {}, uid)
     if result.stdout.strip() == "sandbox-ok":
         return None
     return f"probe exited {result.returncode} ({result.status}): {result.stderr.strip()[:300]}"
