@@ -115,3 +115,18 @@ def test_bad_options_and_tasks_are_named():
         CodeEnv().verify(Task("t1", "code", "high", "p", {"entry": "f"}), completion("def f(): pass"))
     with pytest.raises(ValueError, match=r"meta.tests\[0\]"):
         CodeEnv().verify(Task("t2", "code", "high", "p", {"entry": "f", "tests": [{"args": 1}]}), "x")
+
+
+def test_results_travel_exactly_and_only_plain_values_count(env):
+    """The sandbox's hand-written JSON keeps every value intact; anything not plain data scores 0."""
+    values = ['a"b\\c\n\t', "é€😀\x00\ud800", "", 1.5, -0.0, 10**30, True, None, [1, {"k": [None, "v"]}]]
+    task = Task(
+        "exact", "code", "high", "p", {"entry": "f", "tests": [{"args": [v], "expected": v} for v in values]}
+    )
+    assert env.verify(task, completion("def f(x):\n    return x")).reward == 1.0
+    strict = Task("strict", "code", "high", "p", {"entry": "f", "tests": [{"args": [1], "expected": 1}]})
+    impostors = ["True", "1.0", "(1,)", "[1]", "{1}", "float('inf')", "type('I', (int,), {})(1)", "'1'"]
+    verdicts = env.verify_many(
+        [strict] * len(impostors), [completion(f"def f(x):\n    return {v}") for v in impostors]
+    )
+    assert [v.reward for v in verdicts] == [0.0] * len(impostors)
