@@ -101,12 +101,8 @@ class CodeEnv:
             raise ValueError(
                 f"code: max_len, n_tests, n_examples must be >= 1, got {max_len}, {n_tests}, {n_examples}"
             )
-        self.difficulty, self.max_len, self.n_tests, self.n_examples = (
-            (low, high),
-            max_len,
-            n_tests,
-            n_examples,
-        )
+        self.difficulty = (low, high)
+        self.max_len, self.n_tests, self.n_examples = max_len, n_tests, n_examples
         self.sandbox_options = {"workers": workers, "limits": limits, "backend": backend}
         self._sandbox: Sandbox | None = None
 

@@ -6,7 +6,7 @@ size-capped tmpfs at /tmp, a clean environment, and death with its parent. Where
 missing or unusable, a degraded rlimit sandbox runs instead (new session, private temp dir as
 cwd, clean environment, a separate uid when we are root) and a warning says what is lost.
 
-In both modes the program starts with `LIMITS_PRELUDE`, which lowers its own hard rlimits (CPU
+In both modes the program starts with `limits_prelude`, which lowers its own hard rlimits (CPU
 time, address space, processes, file size, open files, core dumps) before any untrusted code
 runs, so nothing it starts can raise them again. A wall-clock timeout kills the whole process
 group. Output goes to unlinked temp files, which the file-size limit caps.
@@ -111,18 +111,16 @@ class Sandbox:
 
     def _run_as(self, program: Program, uid: int | None) -> RunResult:
         source = limits_prelude(self.limits) + program.source
+        if self.backend == "bwrap":
+            argv = bwrap_argv(self.python, self.limits) + python_argv(self.python, source)
+            return run_process(argv, program.stdin, self.limits.wall_s, "/", {}, uid)
         with tempfile.TemporaryDirectory(prefix="mopd-sandbox-") as workdir:
-            if self.backend == "bwrap":
-                argv = bwrap_argv(self.python, self.limits) + python_argv(self.python, source)
-                cwd, env = "/", {}
-            else:
-                argv = python_argv(self.python, source)
-                cwd, env = (
-                    private_workdir(workdir, uid),
-                    {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir},
-                )
-            result = run_process(argv, program.stdin, self.limits.wall_s, cwd, env, uid)
-            if self.backend == "rlimit" and uid is not None:
+            env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir}
+            cwd = private_workdir(workdir, uid)
+            result = run_process(
+                python_argv(self.python, source), program.stdin, self.limits.wall_s, cwd, env, uid
+            )
+            if uid is not None:
                 kill_all_processes_of(uid)  # no pid namespace here: catch whatever escaped the group
         return result
 
