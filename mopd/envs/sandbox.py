@@ -45,8 +45,10 @@ _sandbox_count = itertools.count()
 class Limits:
     cpu_s: int = 2
     wall_s: float = 5.0
-    memory_bytes: int = 512 << 20
-    max_processes: int = 8  # counted inside the sandbox's own user namespace, threads included
+    # Per process; with max_processes a run holds at most ~1 GiB, so a pool of 4 stays well under
+    # what a shared 24 GiB machine can spare.
+    memory_bytes: int = 256 << 20
+    max_processes: int = 4  # counted inside the sandbox's user namespace: bwrap's init, python, 2 more
     file_bytes: int = 1 << 20
     tmpfs_bytes: int = 16 << 20
     open_files: int = 64
