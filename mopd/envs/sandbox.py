@@ -227,9 +227,11 @@ def bwrap_argv(python: str, limits: Limits) -> list[str]:
         "/usr",
         "/usr",
     ]
-    for link in ("bin", "lib", "lib64", "sbin"):
-        if os.path.islink(f"/{link}"):
-            argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):  # symlinks into /usr on merged-/usr systems
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
     prefix = os.path.dirname(os.path.dirname(python))
     if not prefix.startswith("/usr/") and prefix != "/usr":
         argv += ["--ro-bind", prefix, prefix]
