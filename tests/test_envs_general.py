@@ -103,6 +103,7 @@ def test_splits_stay_disjoint_when_the_question_space_is_tiny():
 def test_sampling_is_deterministic_and_effort_changes_only_the_effort(env):
     first, again = env.sample(40, seed=11), env.sample(40, seed=11)
     assert first == again
+    assert env.sample(80, seed=11)[:40] == first  # a longer sample extends a shorter one
     assert [content(t) for t in first] != [content(t) for t in env.sample(40, seed=12)]
     at_max = env.sample(40, seed=11, effort="max")
     assert [dataclasses.replace(t, effort="high") for t in at_max] == first

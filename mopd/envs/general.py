@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -35,6 +36,7 @@ RG_PREFIX = "rg/"
 DEFAULT_FAMILIES = (*OWN_FAMILIES, "rg/basic_arithmetic", "rg/gcd")
 EVAL_BUCKETS = 8
 MAX_DRAWS = 1000
+RG_CHUNK = 256
 
 
 class GeneralEnv:
@@ -98,15 +100,22 @@ class GeneralEnv:
         raise ValueError(f"general/{family}: difficulty knobs {self.knobs} leave too few distinct questions")
 
     def _rg_stream(self, family: str, split: str, seed: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """reasoning-gym items of this split, drawn from fixed-size chunks (some families build all
+        `size` items up front, so the size must not grow with n)."""
         name, config = family.removeprefix(RG_PREFIX), self.rg_config(family)
-        rg_seed = int(hashlib.sha256(f"{split}:{seed}:{family}".encode()).hexdigest()[:8], 16)
-        dataset = _rg_create(name, config, rg_seed)
-        index = 0
-        while True:
-            entry = json.loads(json.dumps(dataset[index], default=str))
-            index += 1
-            if split_of(family, entry["question"], entry["answer"]) == split:
-                yield entry["question"], entry["answer"], {"rg_config": config, "rg_entry": entry}
+        for chunk in itertools.count():
+            key = f"{split}:{seed}:{family}:{chunk}"
+            dataset = _rg_create(
+                name, config, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16), RG_CHUNK
+            )
+            found = 0
+            for index in range(RG_CHUNK):
+                entry = json.loads(json.dumps(dataset[index], default=str))
+                if split_of(family, entry["question"], entry["answer"]) == split:
+                    found += 1
+                    yield entry["question"], entry["answer"], {"rg_config": config, "rg_entry": entry}
+            if not found:
+                raise ValueError(f"general/{family}: {RG_CHUNK} reasoning-gym items gave no {split} question")
 
     def rg_config(self, family: str) -> dict[str, Any]:
         return self.rg_options.get(family.removeprefix(RG_PREFIX), {})
@@ -272,7 +281,7 @@ def _config_key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
-def _rg_create(name: str, config: dict[str, Any], seed: int, size: int = 1_000_000) -> Any:
+def _rg_create(name: str, config: dict[str, Any], seed: int, size: int) -> Any:
     import reasoning_gym
 
     try:
@@ -286,7 +295,7 @@ def _rg_create(name: str, config: dict[str, Any], seed: int, size: int = 1_000_0
 @functools.lru_cache(maxsize=64)
 def _rg_dataset(name: str, config_key: str) -> Any:
     """One scorer instance per (family, options); scoring does not depend on the seed."""
-    return _rg_create(name, json.loads(config_key), seed=0)
+    return _rg_create(name, json.loads(config_key), seed=0, size=1)
 
 
 def _verify_rg(task: Task, answer: str) -> Verdict:
