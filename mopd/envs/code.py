@@ -510,7 +510,7 @@ def score(task: Task, result: RunResult, nonce: str, backend: str) -> Verdict:
     details["passed"] = sum(outcomes)
     if not all(outcomes):
         first = outcomes.index(False)
-        details["failed"] = {"args": tests[first]["args"], "got": cases[first]}
+        details["failed"] = {"args": tests[first]["args"], "got": str(cases[first])[:300]}
     return Verdict(float(all(outcomes)), details)
 
 
