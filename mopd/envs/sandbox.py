@@ -209,24 +209,11 @@ def python_argv(python: str, source: str) -> list[str]:
 
 
 def bwrap_argv(python: str, limits: Limits) -> list[str]:
-    argv = [
-        "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--setenv",
-        "PATH",
-        "/usr/bin:/bin",
-        "--setenv",
-        "HOME",
-        "/tmp",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
+    # New user/pid/net/ipc/uts/cgroup namespaces, no nested user namespaces, python itself as the
+    # namespace's pid 1 (no bwrap init left behind for the system's init to reap), a clean env.
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1"]
+    argv += ["--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
+    argv += ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/lib", "/lib64", "/sbin"):  # symlinks into /usr on merged-/usr systems
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]
@@ -235,20 +222,8 @@ def bwrap_argv(python: str, limits: Limits) -> list[str]:
     prefix = os.path.dirname(os.path.dirname(python))
     if not prefix.startswith("/usr/") and prefix != "/usr":
         argv += ["--ro-bind", prefix, prefix]
-    argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(limits.tmpfs_bytes),
-        "--tmpfs",
-        "/tmp",
-        "--remount-ro",
-        "/",
-        "--chdir",
-        "/tmp",
-    ]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+    argv += ["--remount-ro", "/", "--chdir", "/tmp"]
     return argv
 
 
