@@ -113,6 +113,10 @@ def test_bad_options_and_tasks_are_named():
         CodeEnv().sample(1, seed=0, split="test")
     with pytest.raises(ValueError, match=r"meta.entry and a non-empty meta.tests"):
         CodeEnv().verify(Task("t1", "code", "high", "p", {"entry": "f"}), completion("def f(): pass"))
+    with pytest.raises(ValueError, match="only generated tasks"):
+        CodeEnv().solve(
+            Task("t3", "code", "high", "p", {"entry": "f", "tests": [{"args": [1], "expected": 1}]})
+        )
     with pytest.raises(ValueError, match=r"meta.tests\[0\]"):
         CodeEnv().verify(Task("t2", "code", "high", "p", {"entry": "f", "tests": [{"args": 1}]}), "x")
 

@@ -187,8 +187,7 @@ except (OSError, AttributeError) as exc:
 def sandbox_uid_processes() -> list[int]:
     """Live processes running as one of this test process's sandbox uids.
 
-    Zombies don't count: bwrap's namespace init is reparented to the system's init, which reaps it
-    a little later; it holds no memory and runs nothing.
+    Zombies don't count: they hold no memory and run nothing, and their parent reaps them.
     """
     block = SANDBOX_UID_BASE + (TEST_PID % 100_000) * UIDS_PER_PROCESS
     found = []

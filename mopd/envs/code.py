@@ -357,6 +357,10 @@ def prompt_for(function: Function, examples: list[dict]) -> str:
 
 
 def function_from_meta(meta: dict) -> Function:
+    if not {"steps", "arg", "types"} <= meta.keys():
+        raise ValueError(
+            "code: only generated tasks (meta.steps, meta.arg, meta.types) have a reference solution"
+        )
     steps = tuple(Step(*step) for step in meta["steps"])
     return Function(meta["arg"], *meta["types"], steps)
 
