@@ -27,6 +27,16 @@ TOL = 1e-3
 MAX_MODEL_LEN = 256
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A tiny model gains nothing from a second thread; on a shared 2-core machine the sync costs up to 30x."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    set_num_threads(1)
+    yield
+    torch.set_num_threads = set_num_threads  # vLLM's in-process CPU worker replaced it with a no-op
+    set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("k3_tiny")
@@ -169,11 +179,11 @@ def test_vllm_serve_answers_an_openai_completion(checkpoint, tmp_path):
     prompt = "The sum of 12 and 30 is"
     expected = greedy_text(model, tokenizer, prompt, max_tokens=8)
     port = free_port()
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
         "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", "4", "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(1 << 28),
+        "--max-num-seqs", "4", "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(1 << 28), "--enforce-eager",
     ]
     log = tmp_path / "serve.log"
     with log.open("w") as log_file:

@@ -47,6 +47,7 @@ class VllmEngine:
             enable_prefix_caching=False,  # the KDA state at a cached prefix is not kept
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             skip_tokenizer_init=not self.has_tokenizer,
+            enforce_eager=True,  # the plugin model is plain torch: nothing to compile, no warm-up
             **llm_kwargs,
         )
 

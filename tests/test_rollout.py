@@ -1,0 +1,131 @@
+"""The rollout interface on the HF backend (the baseline and fallback), and its Ray actor wrapper.
+
+The vLLM backend's behaviour against HF is in test_vllm_plugin.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+import torch
+
+from mopd.rollout import CheckpointError, PromptTooLongError, Sampling, create_engine
+from mopd.rollout.checkpoint import write_random_checkpoint
+from mopd.rollout.hf_backend import HFEngine
+from mopd.rollout.ray_actor import rollout_actor
+
+MAX_MODEL_LEN = 128
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A tiny model gains nothing from a second thread; on a shared 2-core machine the sync costs up to 30x."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    set_num_threads(1)
+    yield
+    set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("k3_tiny")
+    write_random_checkpoint(path, "tiny", seed=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    return HFEngine(checkpoint, max_model_len=MAX_MODEL_LEN)
+
+
+def prompts_of(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=gen).tolist() for n in lengths]
+
+
+def greedy(max_tokens, **kwargs) -> Sampling:
+    return Sampling(temperature=0.0, max_tokens=max_tokens, **kwargs)
+
+
+def test_generate_n_samples_with_per_request_budgets(engine):
+    prompts = prompts_of([6, 6, 11])  # two share a length and so a batch
+    samples = engine.generate(prompts, n=3, sampling=Sampling(max_tokens=[2, 5, 4], ignore_eos=True, seed=0))
+    assert [[len(s.token_ids) for s in group] for group in samples] == [[2] * 3, [5] * 3, [4] * 3]
+    assert all(s.finish_reason == "length" and s.policy_version == 0 for group in samples for s in group)
+    assert all(len(s.logprobs) == len(s.token_ids) and max(s.logprobs) <= 0 for group in samples for s in group)
+
+
+def test_sampled_logprobs_equal_scoring_the_samples(engine):
+    prompts = prompts_of([8, 13], seed=1)
+    samples = engine.generate(prompts, n=2, sampling=Sampling(temperature=0.7, top_p=0.9, max_tokens=6, ignore_eos=True, seed=1))
+    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
+    scores = engine.score([p for p, _ in flat], [s.token_ids for _, s in flat])
+    for (_, sample), score in zip(flat, scores):
+        assert torch.allclose(torch.tensor(sample.logprobs), torch.tensor(score), atol=1e-4)
+
+
+def test_stop_token_and_stop_string_end_a_sample(engine):
+    prompt = prompts_of([10], seed=2)
+    free_run = engine.generate(prompt, sampling=greedy(8, ignore_eos=True))[0][0].token_ids
+    stop_id = free_run[3]
+    by_token = engine.generate(prompt, sampling=greedy(8, stop_token_ids=[stop_id]))[0][0]
+    first = free_run.index(stop_id)
+    assert (by_token.token_ids, by_token.finish_reason) == (free_run[: first + 1], "stop")
+
+    text_after = [engine.tokenizer.decode(free_run[: k + 1]) for k in range(len(free_run))]
+    cut = next(k for k in range(1, len(free_run)) if text_after[k] != text_after[k - 1])
+    stop_string = text_after[cut][len(text_after[cut - 1]) :]
+    by_string = engine.generate(prompt, sampling=greedy(8, stop=[stop_string], ignore_eos=True))[0][0]
+    assert by_string.finish_reason == "stop"
+    assert stop_string in engine.tokenizer.decode(by_string.token_ids)
+    assert by_string.token_ids == free_run[: len(by_string.token_ids)]
+
+
+def test_update_weights_changes_the_policy_and_its_version(checkpoint):
+    engine = HFEngine(checkpoint, max_model_len=MAX_MODEL_LEN)
+    prompt, completion = prompts_of([9], seed=3), prompts_of([5], seed=4)
+    before = engine.score(prompt, completion)[0]
+    state = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items() if v.is_floating_point()}
+    assert engine.update_weights(state) == 1
+    after = engine.score(prompt, completion)[0]
+    assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
+    assert engine.generate(prompt, n=2, sampling=greedy(2))[0][0].policy_version == 1
+    with pytest.raises(KeyError, match="not_a_weight"):
+        engine.update_weights({"not_a_weight": torch.zeros(1)})
+
+
+def test_bad_requests_are_named(engine):
+    with pytest.raises(PromptTooLongError, match="request 2"):
+        engine.generate(prompts_of([4, 4, MAX_MODEL_LEN]), sampling=greedy(4))
+    with pytest.raises(ValueError, match="2 entries for 3 prompts"):
+        engine.generate(prompts_of([4, 4, 4]), sampling=greedy([1, 2]))
+    with pytest.raises(ValueError, match="request 1"):
+        engine.score(prompts_of([3, 3]), [[5], []])
+
+
+def test_not_a_k3_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no config"):
+        create_engine(tmp_path, backend="hf")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "k3_hybrid"}))
+    with pytest.raises(CheckpointError, match="no weights"):
+        create_engine(tmp_path, backend="hf")
+    with pytest.raises(ValueError, match="unknown rollout backend"):
+        create_engine(tmp_path, backend="sglang")
+
+
+def test_ray_actor_serves_the_same_interface(checkpoint, engine):
+    prompts = prompts_of([7, 12], seed=5)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = rollout_actor(checkpoint, backend="hf", max_model_len=MAX_MODEL_LEN)
+        remote = ray.get(actor.generate.remote(prompts, 1, greedy(4, ignore_eos=True)))
+        assert ray.get(actor.update_weights.remote({})) == 1
+        assert ray.get(actor.policy_version.remote()) == 1
+    finally:
+        ray.shutdown()
+    local = engine.generate(prompts, sampling=greedy(4, ignore_eos=True))
+    assert [g[0].token_ids for g in remote] == [g[0].token_ids for g in local]
+    for r, loc in zip(remote, local):
+        assert r[0].logprobs == pytest.approx(loc[0].logprobs, abs=1e-5)
