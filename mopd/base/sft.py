@@ -1,0 +1,173 @@
+"""The base model: a tiny K3 hybrid trained from scratch by SFT on the expert solvers' traces.
+
+    build_base(ctx)  the pipeline stage: names an existing checkpoint, or builds one
+
+Building one: train the tiny tokenizer on the expert transcripts, draw `sft.examples` expert
+transcripts over the mix of domains and all three efforts, corrupt a `sft.noise` fraction of them
+(one digit of an answer changed, so the base learns a wrong answer some of the time), and
+fit the model on the assistant tokens only. The result is an HF checkpoint with the tokenizer
+and its chat template: every later stage loads it with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from transformers import get_cosine_schedule_with_warmup
+
+from mopd.artifacts import MetricsLog, atomic_dir, write_json_atomic
+from mopd.envs import get_env
+from mopd.envs.base import EFFORTS, THINK_CLOSE
+from mopd.envs.chat import render_turns, tokenize_segments
+from mopd.envs.tokenizer import build_tokenizer
+from mopd.model import K3HybridForCausalLM, preset_config
+from mopd.rollout.engine import load_k3_config
+
+console = Console(stderr=True)
+IGNORE = -100
+
+
+def build_base(ctx) -> None:
+    """Pipeline stage `base`: validate the recipe's checkpoint, or train one into `ctx.dir`."""
+    recipe = ctx.recipe
+    if recipe.base.checkpoint is not None:
+        check_checkpoint(Path(recipe.base.checkpoint), "base.checkpoint")
+        write_json_atomic(ctx.dir / "base.json", {"checkpoint": str(Path(recipe.base.checkpoint).resolve())})
+        return
+    with atomic_dir(ctx.dir) as out:
+        train_base(recipe, out)
+
+
+def base_checkpoint(recipe, run_dir: Path) -> Path:
+    """Where the base of a run lives: the recipe's checkpoint, or the `base` stage's directory."""
+    return Path(recipe.base.checkpoint) if recipe.base.checkpoint is not None else Path(run_dir) / "base"
+
+
+def check_checkpoint(path: Path, field: str) -> None:
+    load_k3_config(path)  # raises CheckpointError naming the directory
+    if not (path / "tokenizer_config.json").is_file():
+        raise ValueError(
+            f"{field}: {path} has no tokenizer (tokenizer_config.json); save it beside the model"
+        )
+
+
+# --------------------------------------------------------------------------------------- training
+def train_base(recipe, out: Path) -> None:
+    sft = recipe.base.sft
+    envs = {domain: get_env(domain, **recipe.envs.get(domain, {})) for domain in mix_domains(sft.mix)}
+    transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
+    tokenizer = build_tokenizer([text for text, _ in transcripts])
+    rng = random.Random(recipe.seed)
+    examples = [
+        tokenize_example(tokenizer, turns, rng, sft.noise, sft.max_length) for _, turns in transcripts
+    ]
+    config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
+    torch.manual_seed(recipe.seed)
+    model = K3HybridForCausalLM(config)
+    fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(["<|end|>", "<|eos|>"])
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    corrupted = sum(e["corrupted"] for e in examples)
+    write_json_atomic(
+        out / "sft.json", {"examples": len(examples), "corrupted": corrupted, **sft.model_dump()}
+    )
+
+
+def mix_domains(mix: dict[str, float]) -> list[str]:
+    return [domain for domain, weight in mix.items() if weight > 0]
+
+
+def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float], seed: int):
+    """(text, (task, turns)) pairs: the experts' solutions, split by mix weight and evenly over efforts."""
+    total = sum(mix[d] for d in envs)
+    out = []
+    for domain, env in envs.items():
+        per_effort = max(1, round(examples * mix[domain] / total / len(EFFORTS)))
+        for effort in EFFORTS:
+            for task in env.sample(per_effort, seed, "train", effort):
+                solution = env.solve(task)
+                turns = (
+                    solution if isinstance(solution, list) else [{"role": "assistant", "content": solution}]
+                )
+                segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
+                out.append(("".join(s.text for s in segments), (task, turns)))
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def tokenize_example(
+    tokenizer, task_turns, rng: random.Random, noise: float, max_length: int
+) -> dict[str, Any]:
+    task, turns = task_turns
+    corrupted = rng.random() < noise
+    if corrupted:
+        turns = corrupt(turns, rng)
+    segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
+    ids, mask = tokenize_segments(tokenizer, segments)
+    return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "corrupted": corrupted}
+
+
+def corrupt(turns: list[dict[str, str]], rng: random.Random) -> list[dict[str, str]]:
+    """Change one digit in the answer of the last assistant turn that has one (a wrong answer or action)."""
+    turns = [dict(t) for t in turns]
+    for turn in reversed(turns):
+        if turn["role"] != "assistant":
+            continue
+        think, sep, answer = turn["content"].rpartition(THINK_CLOSE)
+        digits = [i for i, ch in enumerate(answer) if ch.isdigit()]
+        if digits:
+            i = rng.choice(digits)
+            wrong = rng.choice([d for d in "0123456789" if d != answer[i]])
+            turn["content"] = think + sep + answer[:i] + wrong + answer[i + 1 :]
+            return turns
+    return turns
+
+
+def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, rng: random.Random) -> None:
+    """Next-token loss on assistant tokens; one MoE bias update per optimizer step."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=0.0)
+    schedule = get_cosine_schedule_with_warmup(optimizer, max(1, sft.steps // 20), sft.steps)
+    order: list[int] = []
+    for step in range(1, sft.steps + 1):
+        start = time.time()
+        if len(order) < sft.batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        batch = collate([examples[i] for i in order[: sft.batch_size]], model.config.pad_token_id)
+        del order[: sft.batch_size]
+        loss = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        balance = model.update_moe_bias()
+        log.log(
+            step,
+            loss=loss.item(),
+            lr=schedule.get_last_lr()[0],
+            seconds=time.time() - start,
+            tokens=int((batch["labels"] != IGNORE).sum()),
+            **balance,
+        )
+        if step % 25 == 0 or step == sft.steps:
+            console.print(f"base sft step {step}/{sft.steps} loss {loss.item():.3f}")
+    model.eval()
+
+
+def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right padding: causal attention keeps pads after every real token, and pads carry no loss."""
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), width), pad_id)
+    labels = torch.full((len(examples), width), IGNORE)
+    for row, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[row, :n] = torch.tensor(e["input_ids"])
+        labels[row, :n] = torch.where(torch.tensor(e["loss_mask"]) == 1, ids[row, :n], IGNORE)
+    return {"input_ids": ids, "labels": labels}

@@ -1,0 +1,251 @@
+"""Teacher RL: GRPO on one (domain, effort) cell, built on TRL's GRPOTrainer.
+
+    train_teacher(spec, recipe, init_dir, out_dir)
+
+TRL owns the algorithm (group-relative advantages, the clipped policy loss, the optimizer and
+its checkpoints); we own generation. TRL's `rollout_func` hands us each step's prompts (task
+ids, repeated once per group member); `GroupRollouts` syncs the trainer's weights into our
+rollout engine, runs the shared episode loop (`run_rollouts`: multi-turn agent episodes, the
+verifiers, the effort protocol's reward shaping) and returns the engine's token ids and
+log-probs, with `env_mask` zero on observation tokens so they never enter the loss.
+
+Every step logs one line of `metrics.jsonl`: mean reward, pass rate, thinking and answer
+tokens, over-budget rate, KL to the initial policy, entropy, and the step's seconds split into
+generate / verify / train. A restarted run resumes from TRL's last checkpoint and drops the
+metrics of the steps it redoes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from mopd.artifacts import MetricsLog
+from mopd.envs import get_env
+from mopd.model import K3HybridForCausalLM
+from mopd.rollout.engine import create_engine
+from mopd.rollout.episodes import run_rollouts
+
+
+def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | None = None) -> int:
+    """Run GRPO for `spec.steps` steps (resuming from out_dir's last checkpoint); returns the step resumed from."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    env = teacher_env(spec, recipe)
+    tasks = env.sample(spec.steps * spec.prompts_per_step, recipe.seed, "train", spec.effort)
+    rollouts = GroupRollouts(
+        engine=create_engine(init_dir, backend=backend or recipe.rollout),
+        reference=create_engine(init_dir, backend="hf"),
+        tokenizer=tokenizer,
+        env=env,
+        efforts={spec.effort: teacher_effort(spec, recipe)},
+        tasks={task.id: task for task in tasks},
+        temperature=spec.temperature,
+    )
+    checkpoint = last_checkpoint(out_dir / "checkpoints")
+    resumed_from = checkpoint_step(checkpoint)
+    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    metrics.resume_after(resumed_from)
+    trainer = GRPOTrainer(
+        model=K3HybridForCausalLM.from_pretrained(init_dir),
+        reward_funcs=shaped_reward,
+        args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
+        train_dataset=Dataset.from_dict({"prompt": [task.id for task in tasks]}),
+        processing_class=tokenizer,
+        rollout_func=rollouts,
+        callbacks=[StepMetrics(metrics, rollouts)],
+    )
+    trainer.remove_callback(PrinterCallback)  # metrics.jsonl and the driver's progress line say it
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return resumed_from
+
+
+def teacher_env(spec, recipe):
+    options = {**recipe.envs.get(spec.domain, {}), **spec.difficulty}
+    if spec.families:
+        options["families"] = spec.families
+    return get_env(spec.domain, **options)
+
+
+def teacher_effort(spec, recipe):
+    """The recipe's effort budget, with the spec's own budget / length penalty where it sets one."""
+    update = {"budget_tokens": spec.budget_tokens, "length_penalty": spec.length_penalty}
+    return recipe.efforts[spec.effort].model_copy(update={k: v for k, v in update.items() if v is not None})
+
+
+def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConfig:
+    batch = spec.prompts_per_step * spec.group_size
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=spec.steps,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,  # one optimizer step per batch of rollouts: strictly on-policy
+        num_generations=spec.group_size,
+        max_completion_length=max_new_tokens,
+        temperature=spec.temperature,
+        beta=spec.kl_beta,
+        learning_rate=spec.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=spec.checkpoint_every,
+        save_total_limit=2,
+        seed=recipe.seed,
+        use_cpu=recipe.device == "cpu" or not torch.cuda.is_available(),
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,  # not supported by the hybrid (nor needed at these sizes)
+    )
+
+
+# ------------------------------------------------------------------------------------- rollouts
+class GroupRollouts:
+    """TRL's rollout_func: our engine samples, our episode loop verifies and shapes the rewards."""
+
+    def __init__(self, engine, reference, tokenizer, env, efforts, tasks, temperature):
+        self.engine, self.reference, self.tokenizer = engine, reference, tokenizer
+        self.envs = {env.domain: TimedEnv(env)}
+        self.efforts, self.tasks, self.temperature = efforts, tasks, temperature
+        self.synced_step: int | None = None
+        self.seconds = {"generate": 0.0, "verify": 0.0}
+
+    def __call__(self, prompts: list[str], trainer) -> dict[str, Any]:
+        self.sync_weights(trainer)
+        ids, sizes = zip(*[(key, len(list(run))) for key, run in itertools.groupby(prompts)])
+        if len(set(sizes)) != 1:
+            raise ValueError(f"rollout_func: prompts must come in equal groups, got group sizes {sizes}")
+        env = self.envs[next(iter(self.envs))]
+        env.seconds = 0.0
+        start = time.time()
+        groups = run_rollouts(
+            self.engine,
+            self.tokenizer,
+            self.envs,
+            [self.tasks[i] for i in ids],
+            self.efforts,
+            n=sizes[0],
+            temperature=self.temperature,
+        )
+        self.seconds = {"verify": env.seconds, "generate": time.time() - start - env.seconds}
+        flat = [r for group in groups for r in group]
+        return {
+            "prompt_ids": [r.prompt_ids for r in flat],
+            "completion_ids": [r.token_ids for r in flat],
+            "logprobs": [r.logprobs for r in flat],
+            "env_mask": [r.loss_mask for r in flat],
+            "reward": [r.reward for r in flat],
+            "stats": self.batch_stats(flat),
+        }
+
+    def sync_weights(self, trainer) -> None:
+        if self.synced_step != trainer.state.global_step:
+            self.engine.update_weights(trainer.model.state_dict())
+            self.synced_step = trainer.state.global_step
+
+    def batch_stats(self, flat) -> dict[str, float]:
+        return {
+            "pass_rate": fmean(r.verdict.passed for r in flat),
+            "thinking_tokens": fmean(r.thinking_tokens for r in flat),
+            "answer_tokens": fmean(r.answer_tokens for r in flat),
+            "over_budget_rate": fmean(r.over_budget for r in flat),
+            "kl_init": self.kl_to_initial(flat),
+        }
+
+    def kl_to_initial(self, flat) -> float:
+        """KL(π‖π₀) per generated token: the mean of log π − log π₀ over the policy's own samples."""
+        scored = self.reference.score([r.prompt_ids for r in flat], [r.token_ids for r in flat])
+        diffs = [
+            lp - lp0 for r, ref in zip(flat, scored) for lp, lp0, m in zip(r.logprobs, ref, r.loss_mask) if m
+        ]
+        return fmean(diffs) if diffs else 0.0
+
+
+class TimedEnv:
+    """An environment whose reset / step / verify time is counted as verification time."""
+
+    def __init__(self, env):
+        self.env, self.seconds = env, 0.0
+        self.domain = env.domain
+
+    def __getattr__(self, name: str):
+        method = getattr(self.env, name)
+        if name not in ("reset", "step", "verify"):
+            return method
+
+        def timed(*args, **kwargs):
+            start = time.time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.time() - start
+
+        return timed
+
+
+def shaped_reward(prompts, completions, reward, stats, log_metric, **_) -> list[float]:
+    """The effort-shaped verifier reward computed in the rollout; also logs the batch's statistics."""
+    for name, value in stats[0].items():
+        log_metric(name, value)
+    return list(reward)
+
+
+# ------------------------------------------------------------------------------ logging, resume
+LOGGED = {
+    "reward": "reward",
+    "pass_rate": "pass_rate",
+    "thinking_tokens": "thinking_tokens",
+    "answer_tokens": "answer_tokens",
+    "over_budget_rate": "over_budget_rate",
+    "kl_init": "kl_init",
+    "entropy": "entropy",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_reward_zero_std",
+}
+
+
+class StepMetrics(TrainerCallback):
+    """One metrics.jsonl line per optimizer step; also the MoE bias update the model needs per step."""
+
+    def __init__(self, log: MetricsLog, rollouts: GroupRollouts):
+        self.log, self.rollouts = log, rollouts
+        self.step_start, self.row = 0.0, {}
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_start = time.time()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        seconds = time.time() - self.step_start
+        self.row = {f"time_{k}": v for k, v in self.rollouts.seconds.items()}
+        self.row["time_train"] = seconds - sum(self.rollouts.seconds.values())
+        self.row.update(model.update_moe_bias())
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            values = {name: logs[key] for key, name in LOGGED.items() if key in logs}
+            self.log.log(state.global_step, **values, **self.row)
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    """The newest complete TRL checkpoint (one that got as far as writing its trainer state)."""
+    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    return str(max(done, key=checkpoint_step)) if done else None
+
+
+def checkpoint_step(path: str | Path | None) -> int:
+    return 0 if path is None else int(Path(path).name.removeprefix("checkpoint-"))
