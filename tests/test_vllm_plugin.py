@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from mopd.rollout import CheckpointError, PromptTooLongError, Sampling
-from mopd.rollout.checkpoint import write_random_checkpoint
+from mopd.rollout.checkpoint import SPECIAL, write_random_checkpoint
+from mopd.rollout.hf_backend import HFEngine
 from mopd.rollout.vllm_backend import VllmEngine
 
 TOL = 1e-3
@@ -126,6 +127,24 @@ def test_continuous_batching_matches_hf(engine, checkpoint):
     completions = [list(finished[r].token_ids) for r in ids]
     logprobs = [[step[t].logprob for step, t in zip(finished[r].logprobs, c)] for r, c in zip(ids, completions)]
     assert max_error(model, [prompts[r] for r in ids], completions, logprobs) < TOL
+
+
+def test_stops_and_budgets_match_the_hf_backend(engine, checkpoint):
+    """Greedy: the same tokens, cut at the same place, for the same reason, on both backends."""
+    hf = HFEngine(checkpoint[0], max_model_len=MAX_MODEL_LEN)
+    prompt = random_prompts([10], seed=8)
+    free = engine.generate(prompt, sampling=Sampling(temperature=0.0, max_tokens=8, ignore_eos=True))[0][0]
+    stop_at = next(i for i, t in enumerate(free.token_ids) if i >= 3 and t >= len(SPECIAL))
+    stop_string = hf.tokenizer.decode([free.token_ids[stop_at]])
+    for sampling in (
+        Sampling(temperature=0.0, max_tokens=8, ignore_eos=True),
+        Sampling(temperature=0.0, max_tokens=[5], ignore_eos=True),
+        Sampling(temperature=0.0, max_tokens=8, stop_token_ids=[free.token_ids[stop_at]]),
+        Sampling(temperature=0.0, max_tokens=8, stop=[stop_string], ignore_eos=True),
+    ):
+        ours, reference = engine.generate(prompt, sampling=sampling)[0][0], hf.generate(prompt, sampling=sampling)[0][0]
+        assert (ours.token_ids, ours.finish_reason) == (reference.token_ids, reference.finish_reason)
+    assert ours.finish_reason == "stop" and len(ours.token_ids) <= stop_at + 1
 
 
 def test_update_weights_switches_policy_without_restart(engine, checkpoint):
