@@ -1,0 +1,125 @@
+"""Tasks in, verified rollouts out: the loop that teacher RL, MOPD and the benchmarks share.
+
+A task is rendered with the one chat template, the engine samples token ids, the domain's
+verifier judges the decoded answer, and the effort protocol shapes the reward. Multi-turn
+(agent) tasks alternate engine turns with environment observations; observation tokens are
+appended to the context with loss mask 0 and log-prob 0, so no loss ever learns from them.
+Token ids travel untouched: what the trainer sees is exactly what the engine sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mopd.envs.base import Task, Verdict, split_thinking
+from mopd.envs.chat import END, EOS, OBSERVATION, assistant_header, render_task_prompt
+from mopd.envs.effort import EffortSpec, shape_reward
+from mopd.rollout.engine import RolloutEngine, Sampling
+
+
+@dataclass
+class Rollout:
+    task: Task
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)  # everything after the prompt
+    logprobs: list[float] = field(default_factory=list)  # rollout log-probs; 0 on observation tokens
+    loss_mask: list[int] = field(default_factory=list)  # 1 on tokens the policy generated
+    policy_version: int = -1
+    turns: list[dict[str, str]] = field(default_factory=list)  # assistant / observation texts
+    verdict: Verdict | None = None
+    reward: float = 0.0  # shaped by the effort protocol
+    thinking_tokens: int = 0  # the longest turn's thinking (the budget holds per turn)
+    answer_tokens: int = 0
+    closed_think: bool = False
+    over_budget: bool = False
+    truncated: bool = False  # a turn hit its token limit
+
+    @property
+    def completion(self) -> str:
+        """The final assistant turn's text (what single-turn verifiers judge)."""
+        return next((t["content"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
+
+
+def run_rollouts(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    envs: Mapping[str, Any],
+    tasks: list[Task],
+    efforts: Mapping[str, EffortSpec],
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    max_turns: int = 32,  # a safety cap; multi-turn envs end episodes at their own turn limit
+) -> list[list[Rollout]]:
+    """n rollouts per task, verified and shaped; multi-turn envs (with `step`) take several turns."""
+    stop_ids = tokenizer.convert_tokens_to_ids([END, EOS])
+    rollouts = [
+        [Rollout(task, tokenizer.encode(render_task_prompt(task), add_special_tokens=False)) for _ in range(n)]
+        for task in tasks
+    ]
+    flat = [r for group in rollouts for r in group]
+    states = {id(r): envs[r.task.domain].reset(r.task) for r in flat if is_multi_turn(envs[r.task.domain])}
+    active = flat
+    for turn in range(max_turns):
+        sampling = Sampling(
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=[efforts[r.task.effort].max_new_tokens for r in active],
+            stop_token_ids=stop_ids,
+            seed=None if seed is None else seed + turn,
+        )
+        samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
+        for rollout, (sample,) in zip(active, samples):
+            append_assistant_turn(rollout, sample, tokenizer)
+        active = [r for r in active if id(r) in states and not observe(r, envs[r.task.domain], states[id(r)], tokenizer)]
+        if not active:
+            break
+    for rollout in flat:
+        judge(rollout, envs[rollout.task.domain], states.get(id(rollout)), efforts[rollout.task.effort], tokenizer)
+    return rollouts
+
+
+def is_multi_turn(env: Any) -> bool:
+    return callable(getattr(env, "step", None))
+
+
+def append_assistant_turn(rollout: Rollout, sample: Any, tokenizer: Any) -> None:
+    rollout.token_ids += sample.token_ids
+    rollout.logprobs += sample.logprobs
+    rollout.loss_mask += [1] * len(sample.token_ids)
+    rollout.policy_version = sample.policy_version
+    rollout.truncated |= sample.finish_reason == "length"
+    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+    rollout.turns.append({"role": "assistant", "content": text})
+
+
+def observe(rollout: Rollout, env: Any, state: Any, tokenizer: Any) -> bool:
+    """Let the environment act on the last assistant turn; True when the episode is over."""
+    if rollout.truncated:
+        return True
+    observation, done = env.step(state, rollout.turns[-1]["content"])
+    if done or observation is None:
+        return True
+    text = f"{OBSERVATION}{observation}{END}{assistant_header(rollout.task.effort)}"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    rollout.token_ids += ids
+    rollout.logprobs += [0.0] * len(ids)
+    rollout.loss_mask += [0] * len(ids)
+    rollout.turns.append({"role": "observation", "content": observation})
+    return False
+
+
+def judge(rollout: Rollout, env: Any, state: Any, spec: EffortSpec, tokenizer: Any) -> None:
+    rollout.verdict = env.verify(rollout.task, state if state is not None else rollout.completion)
+    parts = [split_thinking(t["content"]) for t in rollout.turns if t["role"] == "assistant"]
+    rollout.closed_think = all(part is not None for part in parts)
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    assistant = [t["content"] for t in rollout.turns if t["role"] == "assistant"]
+    # an unclosed think block is all thinking: it ran out of budget before answering
+    rollout.thinking_tokens = max(count(p[0]) if p else count(text) for p, text in zip(parts, assistant))
+    rollout.answer_tokens = sum(count(p[1]) for p in parts if p)
+    rollout.over_budget = rollout.thinking_tokens > spec.budget_tokens
+    rollout.reward = shape_reward(rollout.verdict, rollout.thinking_tokens if rollout.closed_think else None, spec)
