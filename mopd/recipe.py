@@ -43,6 +43,14 @@ class SFTSpec(Strict):
     learning_rate: float = Field(3e-3, gt=0)
     noise: float = Field(0.1, ge=0.0, le=1.0, description="fraction of traces corrupted, so the base is imperfect")
     mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(DOMAINS, 1.0))
+    max_length: int = Field(1024, gt=0, description="tokens kept of each transcript")
+
+    @model_validator(mode="after")
+    def _known_domains(self) -> SFTSpec:
+        unknown = [d for d in self.mix if d not in DOMAINS]
+        if unknown or not any(w > 0 for w in self.mix.values()):
+            raise ValueError(f"mix: needs a positive weight for some of {list(DOMAINS)}; unknown: {unknown}")
+        return self
 
 
 class BaseSpec(Strict):
@@ -74,6 +82,9 @@ class TeacherSpec(Strict):
     kl_beta: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(5, gt=0)
     resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
+    max_restarts: int = Field(2, ge=0, description="times Ray restarts a failed actor (from its last checkpoint)")
+    eval_tasks: int = Field(32, ge=0, description="held-out tasks scored for base vs teacher; 0 skips")
+    eval_samples: int = Field(2, gt=0, description="samples per held-out task")
 
     @property
     def cell(self) -> str:

@@ -1,0 +1,186 @@
+"""The nine teachers on Ray: one actor per cell, restarted from its last checkpoint when it fails.
+
+    train_teachers(recipe, run_dir, only=["code-max", ...])
+
+Each actor trains its cell with GRPO (`mopd.rl.grpo`), then scores the base and itself on the
+cell's held-out tasks, and writes `runs/<recipe>/teachers/<domain>-<effort>/`: the HF checkpoint,
+`metrics.jsonl`, `attempts.jsonl` (one line per actor start: pid, step resumed from) and, last,
+`teacher.json` (spec hash + held-out scores), the mark of a finished teacher. A finished
+teacher with the same spec is skipped. Ray restarts a dead actor (`max_restarts`) and retries its
+`run`, which resumes from the newest TRL checkpoint. The driver shows one progress line per
+teacher, read from the teachers' own metrics files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mopd.artifacts import MetricsLog, config_hash, read_json, write_json_atomic
+from mopd.base.sft import base_checkpoint, check_checkpoint
+from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
+from mopd.rl.evaluate import evaluate_cell
+from mopd.rl.grpo import checkpoint_step, last_checkpoint, teacher_effort, teacher_env, train_teacher
+
+
+def train_teachers(
+    recipe: Recipe, run_dir: str | Path, only: list[str] | None = None, recipe_dir: Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """Train the recipe's teachers (or the `only` subset) in parallel Ray actors; returns cell → teacher.json."""
+    run_dir = Path(run_dir)
+    specs = select_cells(load_teacher_specs(recipe, recipe_dir), only)
+    todo = {
+        cell: spec
+        for cell, spec in specs.items()
+        if not is_finished(teacher_dir(run_dir, cell), spec, recipe)
+    }
+    if todo:
+        start_ray(recipe)
+        refs = {
+            cell: start_teacher(recipe, spec, init_dir(spec, recipe, run_dir), teacher_dir(run_dir, cell))
+            for cell, spec in todo.items()
+        }
+        wait_with_progress(refs, {cell: spec.steps for cell, spec in todo.items()}, run_dir)
+    return {cell: read_json(teacher_dir(run_dir, cell) / "teacher.json") for cell in specs}
+
+
+def select_cells(specs: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+    if not only:
+        return specs
+    unknown = [cell for cell in only if cell not in CELLS]
+    if unknown:
+        raise RecipeError(f"--only: unknown cells {unknown}; cells are {', '.join(CELLS)}")
+    missing = [cell for cell in only if cell not in specs]
+    if missing:
+        raise RecipeError(f"--only: cells {missing} are not in the recipe's teachers.cells {list(specs)}")
+    return {cell: specs[cell] for cell in only}
+
+
+def teacher_dir(run_dir: Path, cell: str) -> Path:
+    return run_dir / "teachers" / cell
+
+
+def spec_hash(spec, recipe: Recipe) -> str:
+    return config_hash(
+        spec.model_dump(mode="json"),
+        recipe.efforts[spec.effort].model_dump(),
+        recipe.envs,
+        recipe.seed,
+        recipe.rollout,
+    )
+
+
+def is_finished(out_dir: Path, spec, recipe: Recipe) -> bool:
+    """Finished for this very spec; a directory left by another spec is cleared for a fresh start."""
+    digest = spec_hash(spec, recipe)
+    if (read_json(out_dir / "spec.json", default={}) or {}).get("spec_hash") != digest:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        write_json_atomic(out_dir / "spec.json", {"spec_hash": digest, **spec.model_dump(mode="json")})
+    return (out_dir / "teacher.json").is_file()
+
+
+def init_dir(spec, recipe: Recipe, run_dir: Path) -> Path:
+    path = base_checkpoint(recipe, run_dir) if spec.init == "base" else resolve_path(spec.init, None)
+    check_checkpoint(path, f"teachers/{spec.cell}.yaml: init")
+    return path
+
+
+def start_ray(recipe: Recipe) -> None:
+    if not ray.is_initialized():
+        ray.init(
+            address=recipe.ray.address,
+            num_cpus=recipe.ray.num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+
+
+def start_teacher(recipe: Recipe, spec, init: Path, out_dir: Path):
+    actor_class = ray.remote(TeacherActor).options(
+        num_cpus=spec.resources.num_cpus,
+        num_gpus=spec.resources.num_gpus,
+        max_restarts=spec.max_restarts,
+        max_task_retries=spec.max_restarts,
+    )
+    actor = actor_class.remote(recipe, spec, str(init), str(out_dir))
+    return actor, actor.run.remote()
+
+
+# ------------------------------------------------------------------------------------- the actor
+class TeacherActor:
+    """Trains one cell; a restarted instance resumes from the newest checkpoint in its directory."""
+
+    def __init__(self, recipe: Recipe, spec, init: str, out_dir: str):
+        self.recipe, self.spec, self.init, self.out_dir = recipe, spec, Path(init), Path(out_dir)
+        torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
+
+    def run(self) -> dict[str, Any]:
+        resumed_from = checkpoint_step(last_checkpoint(self.out_dir / "checkpoints"))
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "attempts.jsonl").open("a") as f:
+            f.write(
+                json.dumps({"pid": os.getpid(), "resumed_from": resumed_from, "time": time.time()}) + "\n"
+            )
+        train_teacher(self.spec, self.recipe, self.init, self.out_dir)
+        summary = {
+            "spec": self.spec.cell,
+            "spec_hash": spec_hash(self.spec, self.recipe),
+            "init": str(self.init),
+            "steps": self.spec.steps,
+            **self.held_out_scores(),
+        }
+        shutil.rmtree(self.out_dir / "checkpoints", ignore_errors=True)
+        write_json_atomic(self.out_dir / "teacher.json", summary)
+        return summary
+
+    def held_out_scores(self) -> dict[str, Any]:
+        if self.spec.eval_tasks == 0:
+            return {}
+        env, effort = teacher_env(self.spec, self.recipe), teacher_effort(self.spec, self.recipe)
+        base, teacher = (
+            evaluate_cell(model_dir, self.spec, self.recipe, env, effort, self.recipe.rollout)
+            for model_dir in (self.init, self.out_dir)
+        )
+        return {"base": base, "teacher": teacher, "margin": teacher["reward"] - base["reward"]}
+
+
+# ------------------------------------------------------------------------------------- progress
+def wait_with_progress(refs: dict[str, tuple], steps: dict[str, int], run_dir: Path) -> None:
+    """Block until every teacher is done, one rich line per teacher: step, reward, tokens."""
+    pending = {ref: cell for cell, (_, ref) in refs.items()}
+    with Progress(
+        TextColumn("{task.fields[cell]:<13}"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as progress:
+        lines = {cell: progress.add_task("starting", total=steps[cell], cell=cell) for cell in refs}
+        while pending:
+            done, _ = ray.wait(list(pending), timeout=1.0)
+            for ref in done:
+                ray.get(ref)  # a teacher that failed past its restarts raises here
+                pending.pop(ref)
+            for cell, line in lines.items():
+                progress.update(line, **progress_fields(teacher_dir(run_dir, cell)))
+
+
+def progress_fields(out_dir: Path) -> dict[str, Any]:
+    records = MetricsLog(out_dir / "metrics.jsonl").records()
+    if not records:
+        return {"description": "starting"}
+    last = records[-1]
+    tokens = last.get("thinking_tokens", 0) + last.get("answer_tokens", 0)
+    text = f"step {last['step']}  reward {last.get('reward', 0):.3f}  tokens {tokens:.0f}"
+    if (out_dir / "teacher.json").is_file():
+        text += "  done"
+    return {"completed": last["step"], "description": text}
