@@ -1,0 +1,417 @@
+"""Kimi Delta Attention (KDA): the linear-attention layer of the K3 hybrid backbone.
+
+Per head the layer keeps a state S [K, V] and, for every token t (reference k3-architecture.md §1.1):
+
+    S   <- Diag(exp(g_t)) S                  decay, one rate per key channel
+    S   <- S + beta_t k_t (v_t - S^T k_t)^T    delta rule: read the decayed state, correct it
+    o_t  = S^T (scale q_t)
+
+`recurrent_kda` runs this token by token (decode, and the test oracle). `chunk_kda` computes the
+same outputs a chunk of tokens at a time (§1.2): everything inside a chunk is batched matrix algebra
+for all chunks at once, and only the hand-over of S from chunk to chunk is a loop.
+
+Parameter names and shapes follow transformers' `KimiLinearDeltaAttention` in the upstream
+checkpoint layout (q/k/v_conv1d, A_log, dt_bias, f_a/f_b_proj, b_proj, g_a/g_b_proj, o_norm,
+o_proj), plus K3's full-rank output gate `g_proj`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mopd.model.config import K3HybridConfig
+
+SUB_CHUNK = 16  # tokens; decays inside a chunk are factored at sub-chunk starts
+SAFE_EXPONENT = 80.0  # exp(80) ~ 5.5e34 stays well inside fp32
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional ops (shared with the vLLM plugin)
+# ---------------------------------------------------------------------------------------------
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, as fla's kernels and transformers compute it."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor, lower_bound: float | None = None) -> Tensor:
+    """Log-space decay g [B,T,H,K] from the raw gate f [B,T,H,K], in fp32.
+
+    Kimi Linear: g = -exp(A_log[h]) * softplus(f + dt_bias).
+    K3 (lower_bound lb < 0): g = lb * sigmoid(exp(A_log[h]) * (f + dt_bias)), so g is in (lb, 0).
+    """
+    num_heads, head_dim = f.shape[-2:]
+    x = f.float() + dt_bias.float().view(num_heads, head_dim)
+    rate = A_log.float().view(num_heads, 1).exp()
+    if lower_bound is None:
+        return -rate * F.softplus(x)
+    return lower_bound * torch.sigmoid(rate * x)
+
+
+def recurrent_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Token-by-token KDA. q,k [B,T,H,K] (L2-normalised), v [B,T,H,V], g [B,T,H,K], beta [B,T,H]."""
+    out_dtype, dtype = v.dtype, _compute_dtype(v)
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    state = _initial_state(q, v, initial_state)
+    outputs = []
+    for q_t, k_t, v_t, g_t, beta_t in zip(*(x.unbind(1) for x in (q, k, v, g, beta))):
+        state = state * g_t.exp().unsqueeze(-1)
+        predicted = torch.einsum("bhk,bhkv->bhv", k_t, state)
+        correction = beta_t.unsqueeze(-1) * (v_t - predicted)
+        state = state + k_t.unsqueeze(-1) * correction.unsqueeze(-2)
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q_t * scale, state))
+    o = torch.stack(outputs, dim=1).to(out_dtype)
+    return o, state if output_final_state else None
+
+
+def chunk_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked KDA, same contract and result as `recurrent_kda` (any T: the tail chunk is padded).
+
+    Inside a chunk, with G = cumsum(g) and u the corrected values the delta rule writes,
+    (I + A) u = beta*v - beta*(exp(G)*k) S0 where A[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd), j < i.
+    So u = U - W S0 with U, W from one triangular solve per chunk, and the chunk's outputs and final
+    state follow from S0 and u by matrix products.
+    """
+    seq_len = q.shape[1]
+    out_dtype, dtype = v.dtype, _compute_dtype(v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    state = _initial_state(q, v, initial_state)
+    # [B,H,N,C,*]; padded tail tokens have g=0, k=v=beta=0 and change nothing
+    q, k, v, g, beta = (_split_chunks(x.to(dtype), chunk_size) for x in (q, k, v, g, beta))
+    q = q * scale
+    # Log decays are always sums of g over the span they cover, never differences of two prefix
+    # sums: at |sum| ~ 100 such a difference loses ~1e-5 in fp32.
+    decay_in = g.cumsum(dim=-2)  # chunk start -> token i, inclusive
+    decay_out = _suffix_sum(g)  # token i (exclusive) -> chunk end
+
+    scores_k, scores_q = _intra_chunk_scores(q, k, g)
+    W, U = _wy_representation(scores_k, k * decay_in.exp(), v, beta)
+    states, corrected_values, final_state = _pass_state_across_chunks(
+        W, U, k * decay_out.exp(), decay_in[..., -1, :].exp(), state
+    )
+
+    o = (q * decay_in.exp()) @ states + scores_q @ corrected_values  # [B,H,N,C,V]
+    o = o.flatten(2, 3)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
+    return o, final_state if output_final_state else None
+
+
+def _compute_dtype(v: Tensor) -> torch.dtype:
+    """fp32, or fp64 for fp64 inputs (a tighter oracle in tests)."""
+    return torch.promote_types(v.dtype, torch.float32)
+
+
+def _initial_state(q: Tensor, v: Tensor, initial_state: Tensor | None) -> Tensor:
+    batch, _, num_heads, key_dim = q.shape
+    dtype = _compute_dtype(v)
+    if initial_state is None:
+        return q.new_zeros(batch, num_heads, key_dim, v.shape[-1], dtype=dtype)
+    return initial_state.to(dtype)
+
+
+def _split_chunks(x: Tensor, chunk_size: int) -> Tensor:
+    """[B,T,H,*] -> [B,H,N,C,*], zero-padding T up to a multiple of chunk_size."""
+    x = x.transpose(1, 2)
+    pad = -x.shape[2] % chunk_size
+    x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    return x.unflatten(2, (-1, chunk_size))
+
+
+def _suffix_sum(g: Tensor) -> Tensor:
+    """sum of g[t] over t > i along dim -2."""
+    after = F.pad(g[..., 1:, :], (0, 0, 0, 1))
+    return after.flip(-2).cumsum(dim=-2).flip(-2)
+
+
+def _intra_chunk_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """A_kk[i,j] for j < i and A_qk[i,j] for j <= i (0 elsewhere), per chunk [B,H,N,C,C], where
+    A_xk[i,j] = sum_d x_id k_jd exp(D_ijd), D_ij = g_{j+1} + ... + g_i the log decay from j to i.
+
+    Computing exp(D) for every pair would cost [C,C,K] exps per chunk. Instead, with sub-chunks
+    of 16 tokens, the decay of a pair i in sub-chunk I, j in an earlier sub-chunk J is a product of
+    three factors, each <= 1 (g <= 0): from j to the end of J, across the sub-chunks strictly
+    between J and I, and from the start of I to i. A pair inside one sub-chunk takes the same form
+    with a middle factor exp(-(decay of the whole sub-chunk)) >= 1; where that could overflow
+    (never with K3's bounded gate, 16 * 5 <= 80), those pairs use the exact pairwise decay instead.
+    """
+    chunk, dtype = k.shape[-2], k.dtype
+    sub = math.gcd(chunk, SUB_CHUNK)
+    n_sub = chunk // sub
+    g_sub, k_sub = g.unflatten(-2, (-1, sub)), k.unflatten(-2, (-1, sub))  # [B,H,N,S,sub,K]
+    from_start = g_sub.cumsum(dim=-2).exp()
+    k_to_end = k_sub * _suffix_sum(g_sub).exp()
+    sub_chunk_decay = g_sub.sum(dim=-2)  # [..,S,K]
+
+    factor_own_sub_chunk = bool(-sub_chunk_decay.min() <= SAFE_EXPONENT)
+    middle = torch.einsum("ijs,...sk->...ijk", _strictly_between(n_sub, dtype, k.device), sub_chunk_decay)
+    own = torch.eye(n_sub, dtype=torch.bool, device=k.device).unsqueeze(-1)
+    if factor_own_sub_chunk:
+        middle = middle - own * sub_chunk_decay.unsqueeze(-2)
+    earlier = torch.ones(n_sub, n_sub, dtype=torch.bool, device=k.device).tril(-1 + factor_own_sub_chunk)
+    middle = middle.masked_fill(~earlier.unsqueeze(-1), -torch.inf)  # [..,S_I,S_J,K]
+    keys = (middle.exp().unsqueeze(-2) * k_to_end.unsqueeze(-4)).flatten(-3, -2).transpose(-1, -2)  # [..,S_I,K,C]
+
+    exact_own = None if factor_own_sub_chunk else k_sub.unsqueeze(-3) * _pair_decay(g_sub).exp()
+    scores = []
+    for x in (k, q):
+        x_sub = x.unflatten(-2, (-1, sub))
+        s = (x_sub * from_start) @ keys  # [..,S,sub,C]
+        if exact_own is not None:
+            s = s + _on_diagonal_blocks((x_sub.unsqueeze(-2) * exact_own).sum(-1))
+        scores.append(s.flatten(-3, -2))
+    return scores[0].tril(-1), scores[1].tril()
+
+
+def _strictly_between(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """mask[I,J,s] = 1 where J < s < I."""
+    s = torch.arange(n, device=device)
+    return ((s[None, None, :] < s[:, None, None]) & (s[None, None, :] > s[None, :, None])).to(dtype)
+
+
+def _pair_decay(g_sub: Tensor) -> Tensor:
+    """D[i,j] = g_{j+1} + ... + g_i for j <= i inside each sub-chunk, -inf for j > i: [..,sub_i,sub_j,K]."""
+    sub = g_sub.shape[-2]
+    t = torch.arange(sub, device=g_sub.device)
+    after_j = (t[:, None] > t[None, :]).unsqueeze(-1)  # [t, j, 1]
+    D = (g_sub.unsqueeze(-2) * after_j).cumsum(dim=-3)
+    return D.masked_fill(~(t[:, None] >= t[None, :]).unsqueeze(-1), -torch.inf)
+
+
+def _on_diagonal_blocks(blocks: Tensor) -> Tensor:
+    """[..,S,sub,sub] per-sub-chunk blocks -> [..,S,sub,C] rows with each block at its own columns."""
+    n_sub = blocks.shape[-3]
+    on_diagonal = torch.eye(n_sub, device=blocks.device)[:, None, :, None]  # [S,1,S,1]
+    return (blocks.unsqueeze(-2) * on_diagonal).flatten(-2)
+
+
+def _wy_representation(scores_k: Tensor, k_decayed: Tensor, v: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """W = (I + A)^-1 (beta * k_decayed), U = (I + A)^-1 (beta * v), all chunks in one triangular solve."""
+    key_dim = k_decayed.shape[-1]
+    b = beta.unsqueeze(-1)
+    unit_lower = b * scores_k + torch.eye(k_decayed.shape[-2], device=v.device)
+    rhs = b * torch.cat([k_decayed, v], dim=-1)
+    # solved transposed (X^T L^T = rhs^T): the transposed views are the column-major layout LAPACK wants
+    WU = torch.linalg.solve_triangular(unit_lower.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
+    return WU[..., :key_dim], WU[..., key_dim:]
+
+
+def _pass_state_across_chunks(
+    W: Tensor, U: Tensor, k_to_end: Tensor, chunk_decay: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sequential part: per chunk, u = U - W S, then S <- chunk_decay * S + k_to_end^T u.
+
+    Returns the state entering each chunk [B,H,N,K,V], the corrected values u [B,H,N,C,V], and
+    the state after the last chunk.
+    """
+    entering, corrected = [], []
+    per_chunk = (W, U, k_to_end.transpose(-1, -2), chunk_decay.unsqueeze(-1))
+    for W_n, U_n, k_n, decay_n in zip(*(x.unbind(2) for x in per_chunk)):
+        entering.append(state)
+        u = U_n - W_n @ state
+        corrected.append(u)
+        state = decay_n * state + k_n @ u
+    return torch.stack(entering, dim=2), torch.stack(corrected, dim=2), state
+
+
+@functools.cache
+def _fla_kernels():
+    """fla's Triton kernels (chunk_kda, fused_recurrent_kda) when installed, else None."""
+    try:
+        from fla.ops.kda import chunk_kda as fla_chunk
+        from fla.ops.kda import fused_recurrent_kda as fla_recurrent
+    except ImportError:
+        return None
+    return fla_chunk, fla_recurrent
+
+
+def kda_ops(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    mode: str = "chunk",
+) -> tuple[Tensor, Tensor | None]:
+    """Run KDA with fla's kernels on CUDA when fla is importable, else with the torch ops above.
+
+    Inputs as for `chunk_kda` (g activated, beta sigmoided, q/k normalised); mode "chunk" or "recurrent".
+    """
+    if mode not in ("chunk", "recurrent"):
+        raise ValueError(f"kda_ops: mode must be 'chunk' or 'recurrent', got {mode!r}")
+    fla = _fla_kernels() if q.is_cuda else None
+    if fla is not None:
+        kernel = fla[0] if mode == "chunk" else fla[1]
+        return kernel(
+            q=q, k=k, v=v, g=g, beta=beta, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+        )
+    kernel = chunk_kda if mode == "chunk" else recurrent_kda
+    return kernel(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer
+# ---------------------------------------------------------------------------------------------
+
+
+class ShortConvolution(nn.Conv1d):
+    """Causal depthwise conv + SiLU over [B,T,C]; the cache is the last kernel-1 inputs (pre-conv)."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=False)
+
+    def forward(self, x: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x [B,T,C], cache [B,C,kernel-1] or None (start of sequence) -> (y [B,T,C], new cache)."""
+        seq_len, width = x.shape[1], self.kernel_size[0]
+        x = x.transpose(1, 2)
+        if cache is None:
+            y = super().forward(x)[..., :seq_len]
+            history = F.pad(x, (width - 1, 0))
+        else:
+            history = torch.cat([cache.to(x.dtype), x], dim=-1)
+            y = F.conv1d(history, self.weight, groups=self.groups)
+        return F.silu(y).transpose(1, 2), history[..., history.shape[-1] - (width - 1):]
+
+    def step(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+        """One token: x [B,C], cache [B,C,kernel-1] -> (y [B,C], new cache)."""
+        window = torch.cat([cache.to(x.dtype), x.unsqueeze(-1)], dim=-1)
+        y = (window * self.weight.squeeze(1)).sum(-1)
+        return F.silu(y), window[..., 1:]
+
+
+@dataclass
+class KDAState:
+    """What one KDA layer carries between forward calls; its size does not grow with the sequence.
+
+    conv: [B, 3*H*K, kernel-1], the last inputs of the q, k and v convolutions (channels packed q|k|v);
+    recurrent: [B, H, K, V] fp32.
+    """
+
+    conv: Tensor
+    recurrent: Tensor
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, config: K3HybridConfig, layer_idx: int):
+        super().__init__()
+        lac = config.linear_attn_config
+        self.layer_idx = layer_idx
+        self.num_heads = H = lac["num_heads"]
+        self.head_dim = K = lac["head_dim"]
+        self.lower_bound = lac["gate_lower_bound"]
+        self.use_full_rank_gate = lac["use_full_rank_gate"]
+        if self.lower_bound is not None and not self.lower_bound < 0:
+            raise ValueError(f"linear_attn_config.gate_lower_bound must be negative or null, got {self.lower_bound}")
+        D, HK = config.hidden_size, H * K
+
+        self.q_proj = nn.Linear(D, HK, bias=False)
+        self.k_proj = nn.Linear(D, HK, bias=False)
+        self.v_proj = nn.Linear(D, HK, bias=False)
+        self.q_conv1d = ShortConvolution(HK, lac["short_conv_kernel_size"])
+        self.k_conv1d = ShortConvolution(HK, lac["short_conv_kernel_size"])
+        self.v_conv1d = ShortConvolution(HK, lac["short_conv_kernel_size"])
+        self.A_log = nn.Parameter(torch.empty(1, 1, H, 1))
+        self.dt_bias = nn.Parameter(torch.empty(HK))
+        self.f_a_proj = nn.Linear(D, K, bias=False)
+        self.f_b_proj = nn.Linear(K, HK, bias=False)
+        self.b_proj = nn.Linear(D, H, bias=False)
+        if self.use_full_rank_gate:
+            self.g_proj = nn.Linear(D, HK, bias=False)
+        else:
+            self.g_a_proj = nn.Linear(D, K, bias=False)
+            self.g_b_proj = nn.Linear(K, HK, bias=False)
+        self.o_norm = nn.RMSNorm(K, eps=config.rms_norm_eps)
+        self.o_proj = nn.Linear(HK, D, bias=False)
+        self.reset_kda_parameters()
+
+    @torch.no_grad()
+    def reset_kda_parameters(self) -> None:
+        """Init of the decay parameters, which a generic Linear/Norm init must not overwrite.
+
+        A_log = log U(1, 16) (fla, torchtitan K3). dt_bias: 0 for K3's bounded gate (torchtitan);
+        for the Kimi Linear gate, softplus^-1 of dt ~ logU(1e-3, 1e-1) (fla, transformers).
+        """
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+        if self.lower_bound is None:
+            dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        else:
+            self.dt_bias.zero_()
+        self.o_norm.reset_parameters()
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        state: KDAState | None = None,
+        attention_mask: Tensor | None = None,
+        use_cache: bool = False,
+    ) -> tuple[Tensor, KDAState | None]:
+        """hidden_states [B,T,D]; attention_mask [B,T] with 0 at (left) padding -> (out [B,T,D], state)."""
+        x = hidden_states
+        if attention_mask is not None:
+            # zero input at padding keeps q,k,v at 0, so left padding leaves the state at 0;
+            # a decode step may pass the whole [B, past+T] mask, whose last T columns are ours
+            x = x * attention_mask[:, -x.shape[1]:, None].to(x.dtype)
+        batch, seq_len, _ = x.shape
+        heads = (batch, seq_len, self.num_heads, self.head_dim)
+
+        q, k, v, conv_cache = self._short_convolutions(x, None if state is None else state.conv)
+        g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log, self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        mode = "recurrent" if seq_len == 1 and state is not None else "chunk"
+        o, recurrent = kda_ops(
+            l2norm(q.float().view(heads)), l2norm(k.float().view(heads)), v.view(heads), g, beta,
+            initial_state=None if state is None else state.recurrent, output_final_state=use_cache, mode=mode,
+        )
+
+        gate = self.g_proj(x) if self.use_full_rank_gate else self.g_b_proj(self.g_a_proj(x))
+        o = F.rms_norm(o.float(), (self.head_dim,), self.o_norm.weight.float(), self.o_norm.eps)
+        o = o * torch.sigmoid(gate.float().view(heads))
+        out = self.o_proj(o.flatten(-2).to(x.dtype))
+        return out, KDAState(conv_cache, recurrent) if use_cache else None
+
+    def _short_convolutions(self, x: Tensor, conv_cache: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        caches = [None] * 3 if conv_cache is None else conv_cache.chunk(3, dim=1)
+        if x.shape[1] == 1 and conv_cache is not None:
+            stepped = [conv.step(p(x)[:, 0], c) for conv, p, c in zip(convs, self._qkv_projs(), caches)]
+            outs = [(y.unsqueeze(1), c) for y, c in stepped]
+        else:
+            outs = [conv(p(x), c) for conv, p, c in zip(convs, self._qkv_projs(), caches)]
+        (q, q_c), (k, k_c), (v, v_c) = outs
+        return q, k, v, torch.cat([q_c, k_c, v_c], dim=1)
+
+    def _qkv_projs(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        return self.q_proj, self.k_proj, self.v_proj
