@@ -113,23 +113,29 @@ class ImportanceSpec(Strict):
 
 
 class DistillSpec(Strict):
+    student: str | None = Field(None, description="HF checkpoint of the student; null: the base stage's")
+    teachers: dict[str, str] = Field(default_factory=dict, description="cell → teacher checkpoint; default: the teacher stage's")
     mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(CELLS, 1.0), description="cell → weight")
     steps: int = Field(30, ge=0)
     prompts_per_step: int = Field(16, gt=0)
+    samples_per_prompt: int = Field(1, gt=0)
     learning_rate: float = Field(1e-4, gt=0)
-    temperature: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description="student sampling; teachers always score at 1")
     importance: ImportanceSpec = Field(default_factory=ImportanceSpec)
     full_vocab_kl: bool = False
     orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
     max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind")
     checkpoint_every: int = Field(5, gt=0)
+    teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
+    teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")
 
     @model_validator(mode="after")
     def _known_cells(self) -> DistillSpec:
-        unknown = [c for c in self.mix if c not in CELLS]
+        unknown = [c for c in [*self.mix, *self.teachers] if c not in CELLS]
         if unknown:
-            raise ValueError(f"unknown cells in mix: {unknown}; cells are {', '.join(CELLS)}")
+            raise ValueError(f"unknown cells {unknown} in mix/teachers; cells are {', '.join(CELLS)}")
         return self
 
 

@@ -1,0 +1,142 @@
+"""Teacher scorers: each teacher's model loaded once, scoring the student's exact token ids.
+
+`score` is one prefill over prompt + completion (no generation, no re-tokenisation) at
+temperature 1, returning per completion token the log-prob of the token the student sampled,
+and optionally the teacher's top-k or full next-token distribution. A teacher may be any HF
+causal LM that shares the student's tokenizer (the route table checks that before any work).
+
+`TeacherPool` runs one scorer per distinct teacher checkpoint, as Ray actors by default (teachers
+score in parallel, each in its own process) or in-process for small local runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mopd.distill.routing import RouteTable
+
+
+@dataclass
+class TeacherScores:
+    logprobs: torch.Tensor  # [T] log πT of the sampled completion tokens
+    topk_ids: torch.Tensor | None = None  # [T, k]
+    topk_logprobs: torch.Tensor | None = None  # [T, k]
+    full_logprobs: torch.Tensor | None = None  # [T, V]
+
+
+class TeacherScorer:
+    def __init__(self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0):
+        from transformers import AutoModelForCausalLM
+
+        import mopd.model  # noqa: F401  (registers the K3 hybrid with the Auto classes)
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.checkpoint = str(checkpoint)
+        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+        self.pad_id = self.model.config.pad_token_id or 0
+        self.max_batch_tokens = max_batch_tokens
+        self.tokens_scored = 0
+
+    @torch.inference_mode()
+    def score(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
+    ) -> list[TeacherScores]:
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        out: list[TeacherScores | None] = [None] * len(sequences)
+        for batch in token_budget_batches(sequences, self.max_batch_tokens):
+            logprobs = self.next_token_logprobs([sequences[i] for i in batch])
+            for row, i in enumerate(batch):
+                start, n = len(prompt_ids[i]) - 1, len(completion_ids[i])
+                positions = logprobs[row, start : start + n]
+                out[i] = completion_scores(positions, torch.tensor(completion_ids[i]), top_k, full)
+        self.tokens_scored += sum(len(c) for c in completion_ids)
+        return out  # type: ignore[return-value]
+
+    def next_token_logprobs(self, sequences: list[list[int]]) -> torch.Tensor:
+        """[B, T, V] log-softmax at each position; right padding is invisible to a causal model."""
+        width = max(len(s) for s in sequences)
+        batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences])
+        logits = self.model(input_ids=batch, use_cache=False).logits
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+def completion_scores(positions: torch.Tensor, tokens: torch.Tensor, top_k: int, full: bool) -> TeacherScores:
+    scores = TeacherScores(logprobs=positions.gather(-1, tokens[:, None]).squeeze(-1))
+    if top_k:
+        scores.topk_logprobs, scores.topk_ids = positions.topk(top_k, dim=-1)
+    if full:
+        scores.full_logprobs = positions.clone()
+    return scores
+
+
+def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Indices grouped by similar length so that each padded batch holds at most max_tokens."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * len(sequences[i]) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+class TeacherPool:
+    """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher."""
+
+    def __init__(self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, threads: int = 1):
+        self.table = table
+        self.use_ray = use_ray
+        if use_ray:
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            actor = ray.remote(num_cpus=num_cpus)(TeacherScorer)
+            self.scorers = {path: actor.remote(path, threads=threads) for path in table.teachers}
+        else:
+            self.scorers = {path: TeacherScorer(path) for path in table.teachers}
+
+    def score(
+        self, cells: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
+    ) -> list[TeacherScores]:
+        """Scores in the order of the samples; all teachers work at once when they are actors."""
+        by_teacher: dict[Path, list[int]] = {}
+        for i, cell in enumerate(cells):
+            by_teacher.setdefault(self.table.teacher_for(cell), []).append(i)
+        pending = {
+            path: self._call(path, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], top_k, full)
+            for path, rows in by_teacher.items()
+        }
+        results: list[TeacherScores | None] = [None] * len(cells)
+        for path, rows in by_teacher.items():
+            for i, scores in zip(rows, self._result(pending[path])):
+                results[i] = scores
+        return results  # type: ignore[return-value]
+
+    def _call(self, path, prompts, completions, top_k, full):
+        scorer = self.scorers[path]
+        if self.use_ray:
+            return scorer.score.remote(prompts, completions, top_k, full)
+        return scorer.score(prompts, completions, top_k, full)
+
+    def _result(self, pending):
+        if self.use_ray:
+            import ray
+
+            return ray.get(pending)
+        return pending
+
+    def close(self) -> None:
+        if self.use_ray:
+            import ray
+
+            for actor in self.scorers.values():
+                ray.kill(actor)
+        self.scorers = {}

@@ -1,0 +1,354 @@
+"""MOPD: the student samples on-policy from a mix of cells; each sample is scored by its own teacher.
+
+    check routes        every cell of the mix has a teacher sharing the student's tokenizer
+    for each step:
+        tasks    ← cells drawn by the mix weights, a task from each cell's environment
+        rollouts ← run_rollouts(student engine, temperature 1)      token ids + sampler log-probs
+        scores   ← each rollout's teacher scores its exact token ids  (prefill only)
+        loss     ← mopd_loss(trainer's recomputed log πθ, sampler log-probs, teacher log-probs)
+        optimizer step, MoE bias update, engine.update_weights       the next batch is on-policy
+        metrics per cell; a checkpoint every N steps (resume continues from the last one)
+
+The stage (`run_distill`) reads the base and the nine teachers of a recipe run and writes the
+student to `<run>/distill/model`, with `metrics.jsonl` and `checkpoints/` beside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
+from mopd.distill.loss import full_vocab_reverse_kl, importance_weights, mopd_loss, token_metrics
+from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
+from mopd.distill.scorer import TeacherPool, TeacherScores
+from mopd.envs import get_env
+from mopd.envs.base import Task
+from mopd.envs.effort import EffortSpec
+from mopd.recipe import DistillSpec
+from mopd.rollout.engine import create_engine
+from mopd.rollout.episodes import Rollout, run_rollouts
+
+TaskSource = Callable[[int], list[Task]]  # step → the step's prompts
+
+
+class StalenessError(RuntimeError):
+    """A sample came from a policy older than `distill.max_staleness` allows."""
+
+
+# ----------------------------------------------------------------------------- the stage
+def run_distill(ctx) -> None:
+    """Pipeline stage: the recipe's student (the base by default) distilled from its teachers."""
+    recipe, spec = ctx.recipe, ctx.recipe.distill
+    student = spec.student or checkpoint_in(ctx.inputs.get("base", ctx.run_dir / "base"))
+    teachers = {
+        cell: spec.teachers.get(cell) or checkpoint_in(ctx.inputs.get(f"teachers/{cell}", ctx.run_dir / "teachers" / cell))
+        for cell in spec.mix
+    }
+    train_mopd(
+        student, teachers, spec, ctx.dir,
+        efforts=recipe.efforts, env_options=recipe.envs, backend=recipe.rollout, seed=recipe.seed,
+    )  # fmt: skip
+
+
+def checkpoint_in(stage_dir: str | Path) -> Path:
+    """A stage directory's HF checkpoint: the directory itself or its `model/` folder."""
+    stage_dir = Path(stage_dir)
+    model = stage_dir / "model"
+    return model if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file() else stage_dir
+
+
+# ----------------------------------------------------------------------------- the loop
+def train_mopd(
+    student_dir: str | Path,
+    teacher_dirs: Mapping[str, str | Path],
+    spec: DistillSpec,
+    out_dir: str | Path,
+    *,
+    efforts: Mapping[str, EffortSpec],
+    env_options: Mapping[str, dict] | None = None,
+    tasks: list[Task] | None = None,
+    backend: str = "vllm",
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """Distil the teachers into the student; returns the final student checkpoint (`out_dir/model`)."""
+    out_dir = Path(out_dir)
+    table = build_route_table(spec.mix, dict(teacher_dirs))
+    check_teachers(table, student_dir)
+
+    start_step, start_dir = last_checkpoint(out_dir)
+    student = Student.load(start_dir or Path(student_dir), spec, reference_dir=Path(student_dir))
+    engine = create_engine(start_dir or student_dir, backend=backend)
+    teachers = TeacherPool(table, use_ray=spec.teacher_actors, num_cpus=spec.teacher_num_cpus)
+    source = task_source(table, spec, seed, env_options or {}, tasks)
+    envs = envs_for(table, env_options or {}, tasks)
+    log = MetricsLog(out_dir / "metrics.jsonl")
+    log.resume_after(start_step)
+
+    bar = tqdm(total=spec.steps, initial=start_step, desc="mopd", disable=not progress, dynamic_ncols=True)
+    try:
+        for step in range(start_step + 1, spec.steps + 1):
+            metrics = mopd_step(step, student, engine, teachers, source, envs, efforts, spec, seed, version_offset=start_step)
+            log.log(step, **metrics)
+            bar.update(1)
+            bar.set_postfix(kl=f"{metrics['reverse_kl']:.3f}", reward=f"{metrics['reward']:.2f}")
+            if step % spec.checkpoint_every == 0 or step == spec.steps:
+                save_checkpoint(out_dir, step, student)
+    finally:
+        bar.close()
+        teachers.close()
+    final = out_dir / "model"
+    with atomic_dir(final) as tmp:
+        student.save(tmp)
+    return final
+
+
+def mopd_step(step, student, engine, teachers, source, envs, efforts, spec, seed, version_offset) -> dict:
+    clock = [time.perf_counter()]
+    groups = run_rollouts(
+        engine, student.tokenizer, envs, source(step), efforts,
+        n=spec.samples_per_prompt, temperature=spec.temperature, seed=seed * 1_000_003 + step,
+    )  # fmt: skip
+    rollouts = [r for group in groups for r in group]
+    check_staleness(rollouts, engine.policy_version, spec.max_staleness)
+    clock.append(time.perf_counter())
+
+    cells = [cell_of(r.task) for r in rollouts]
+    scores = teachers.score(cells, [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=spec.full_vocab_kl)
+    clock.append(time.perf_counter())
+
+    metrics = student.train_step(rollouts, scores, cells)
+    clock.append(time.perf_counter())
+
+    engine.update_weights(student.model.state_dict())
+    clock.append(time.perf_counter())
+    phases = dict(zip(("sample", "score", "train", "weight_sync"), (b - a for a, b in itertools.pairwise(clock))))
+    return {
+        **metrics,
+        **{f"time/{name}": seconds for name, seconds in phases.items()},
+        "teacher_tokens_per_s": metrics["tokens"] / max(phases["score"], 1e-9),
+        "policy_version": version_offset + min(r.policy_version for r in rollouts),
+    }
+
+
+def check_staleness(rollouts: list[Rollout], current_version: int, max_staleness: int) -> None:
+    for rollout in rollouts:
+        lag = current_version - rollout.policy_version
+        if lag > max_staleness:
+            raise StalenessError(
+                f"sample of task {rollout.task.id} came from policy version {rollout.policy_version}, "
+                f"{lag} behind the current {current_version}; distill.max_staleness is {max_staleness}"
+            )
+
+
+# ----------------------------------------------------------------------------- prompts
+def task_source(table: RouteTable, spec: DistillSpec, seed: int, env_options, tasks: list[Task] | None) -> TaskSource:
+    """The prompts of each step: a fixed task list cycled, or cells drawn by the mix weights."""
+    if tasks is not None:
+        if not tasks:
+            raise ValueError("distill: the task list is empty")
+        return lambda step: [tasks[(step * spec.prompts_per_step + i) % len(tasks)] for i in range(spec.prompts_per_step)]
+    domains = {cell.split("-")[0] for cell in table.routes}
+    envs = {domain: get_env(domain, **env_options.get(domain, {})) for domain in domains}
+
+    def draw(step: int) -> list[Task]:
+        rng = random.Random(seed * 1_000_003 + step)
+        cells = table.sample_cells(spec.prompts_per_step, rng)
+        out = []
+        for cell in sorted(set(cells)):
+            domain, effort = cell.split("-")
+            out += envs[domain].sample(cells.count(cell), seed=rng.randrange(2**31), split="train", effort=effort)
+        rng.shuffle(out)
+        return out
+
+    return draw
+
+
+class TaskFileEnv:
+    """Verifies a user's task-file rows with the verifier each row names."""
+
+    def verify(self, task: Task, completion):
+        from mopd.envs.data import verify_task
+
+        return verify_task(task, completion)
+
+
+def envs_for(table: RouteTable, env_options, tasks: list[Task] | None) -> dict:
+    domains = {cell.split("-")[0] for cell in table.routes}
+    if tasks is not None:
+        return {d: get_env(d, **env_options.get(d, {})) if d == "agent" else TaskFileEnv() for d in domains}
+    return {d: get_env(d, **env_options.get(d, {})) for d in domains}
+
+
+# ----------------------------------------------------------------------------- the student
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t
+    tokens: torch.Tensor  # [B, T] completion tokens
+    mask: torch.Tensor  # [B, T] 1 on tokens the student generated
+    rollout_logprobs: torch.Tensor  # [B, T]
+    teacher_logprobs: torch.Tensor  # [B, T]
+
+
+class Student:
+    """The trained copy of the student: model, tokenizer, optimizer, and the MOPD train step."""
+
+    def __init__(self, model, tokenizer, optimizer, spec: DistillSpec, reference=None):
+        self.model, self.tokenizer, self.optimizer, self.spec, self.reference = model, tokenizer, optimizer, spec, reference
+
+    @classmethod
+    def load(cls, model_dir: Path, spec: DistillSpec, reference_dir: Path) -> Student:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        import mopd.model  # noqa: F401  (registers the K3 hybrid)
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+        if (model_dir / "optimizer.pt").is_file():
+            optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True))
+        reference = None
+        if spec.reward_scale != 1.0:  # ExOPD measures the teacher's gain against the initial student
+            reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
+        return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
+
+    def save(self, path: Path) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def train_step(self, rollouts: list[Rollout], scores: list[TeacherScores], cells: list[str]) -> dict:
+        spec = self.spec
+        batch = collate(rollouts, scores, self.model.config.pad_token_id or 0)
+        logits = self.completion_logits(self.model, batch)
+        train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+        reference = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.completion_logits(self.reference, batch)
+            reference = torch.log_softmax(ref_logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+        loss_args = dict(
+            importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
+            orm_advantages=orm_advantages(rollouts, cells), orm_alpha=spec.orm_alpha,
+            reference_logprobs=reference, reward_scale=spec.reward_scale,
+        )  # fmt: skip
+        out = mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args)
+        loss = out.loss
+        if spec.full_vocab_kl:  # the exact KL replaces the sampled-token estimate; the ORM term stays
+            teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1])
+            outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **loss_args)
+            loss = full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
+        self.optimizer.step()
+        moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
+        return {
+            "loss": float(loss.detach()),
+            "grad_norm": float(grad_norm),
+            **out.metrics,
+            **rollout_metrics(rollouts),
+            **per_cell_metrics(rollouts, cells, train_logprobs, batch, spec),
+            **moe,
+        }
+
+    @staticmethod
+    def completion_logits(model, batch: Batch) -> torch.Tensor:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -> Batch:
+    width = max(len(r.prompt_ids) + len(r.token_ids) for r in rollouts)
+    steps = max(len(r.token_ids) for r in rollouts)
+    input_ids = torch.full((len(rollouts), width), pad_id)
+    attention_mask = torch.zeros((len(rollouts), width), dtype=torch.long)
+    positions = torch.zeros((len(rollouts), steps), dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        seq = r.prompt_ids + r.token_ids
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention_mask[i, : len(seq)] = 1
+        positions[i] = (len(r.prompt_ids) - 1 + torch.arange(steps)).clamp(max=width - 1)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        positions=positions,
+        tokens=pad_stack([torch.tensor(r.token_ids) for r in rollouts], steps, dtype=torch.long),
+        mask=pad_stack([torch.tensor(r.loss_mask, dtype=torch.float32) for r in rollouts], steps),
+        rollout_logprobs=pad_stack([torch.tensor(r.logprobs, dtype=torch.float32) for r in rollouts], steps),
+        teacher_logprobs=pad_stack([s.logprobs.float() for s in scores], steps),
+    )
+
+
+def pad_stack(rows: list[torch.Tensor], length: int, dtype=torch.float32) -> torch.Tensor:
+    out = torch.zeros((len(rows), length, *rows[0].shape[1:]), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def orm_advantages(rollouts: list[Rollout], cells: list[str]) -> torch.Tensor:
+    """Each verifier reward minus the mean reward of its cell in the batch."""
+    by_cell: dict[str, list[float]] = {}
+    for r, cell in zip(rollouts, cells):
+        by_cell.setdefault(cell, []).append(r.reward)
+    return torch.tensor([r.reward - statistics.fmean(by_cell[cell]) for r, cell in zip(rollouts, cells)])
+
+
+# ----------------------------------------------------------------------------- metrics
+def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    return {
+        "reward": statistics.fmean(r.reward for r in rollouts),
+        "thinking_tokens": statistics.fmean(r.thinking_tokens for r in rollouts),
+        "answer_tokens": statistics.fmean(r.answer_tokens for r in rollouts),
+        "over_budget": statistics.fmean(r.over_budget for r in rollouts),
+        "truncated": statistics.fmean(r.truncated for r in rollouts),
+    }
+
+
+def per_cell_metrics(rollouts, cells, train_logprobs, batch: Batch, spec: DistillSpec) -> dict[str, float]:
+    """`<cell>/<metric>` for every teacher key in the batch."""
+    _, out_of_bounds = importance_weights(
+        train_logprobs, batch.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
+    )
+    out: dict[str, float] = {}
+    for cell in sorted(set(cells)):
+        rows = torch.tensor([i for i, c in enumerate(cells) if c == cell])
+        tokens = token_metrics(
+            train_logprobs[rows], batch.rollout_logprobs[rows], batch.teacher_logprobs[rows], batch.mask[rows], out_of_bounds[rows]
+        )
+        stats = {**tokens, **rollout_metrics([rollouts[i] for i in rows.tolist()]), "samples": len(rows)}
+        out.update({f"{cell}/{name}": value for name, value in stats.items()})
+    return out
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(out_dir: Path, step: int, student: Student) -> Path:
+    """`checkpoints/step-NNNNNN`: model, tokenizer, optimizer state; older checkpoints are removed."""
+    path = out_dir / "checkpoints" / f"step-{step:06d}"
+    with atomic_dir(path) as tmp:
+        student.save(tmp)
+        torch.save(student.optimizer.state_dict(), tmp / "optimizer.pt")
+        write_json_atomic(tmp / "trainer_state.json", {"step": step})
+    for old in path.parent.glob("step-*"):
+        if old != path:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def last_checkpoint(out_dir: Path) -> tuple[int, Path | None]:
+    for path in sorted((out_dir / "checkpoints").glob("step-*"), reverse=True):
+        state = read_json(path / "trainer_state.json")
+        if state is not None:
+            return int(state["step"]), path
+    return 0, None

@@ -1,0 +1,99 @@
+"""The MOPD loop: routed scoring, recomputed log-probs, weight sync, staleness, metrics, checkpoints, resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mopd.distill.fakes import seeded_copy
+from mopd.distill.routing import RoutingError
+from mopd.distill.scorer import TeacherScorer
+from mopd.distill.trainer import StalenessError, Student, check_staleness, collate, train_mopd
+from mopd.envs.base import Task
+from mopd.envs.effort import EffortSpec
+from mopd.envs.tokenizer import build_tiny_tokenizer
+from mopd.model import K3HybridForCausalLM, preset_config
+from mopd.recipe import DistillSpec
+from mopd.rollout.episodes import Rollout
+
+CELLS = ["general-low", "general-high"]
+SHORT = {e: EffortSpec(budget_tokens=4, answer_tokens=4) for e in ("low", "high", "max")}
+EASY = {"general": {"families": ["add"], "add_digits": [1, 1]}}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mopd")
+    tokenizer = build_tiny_tokenizer(domains=["general"], tasks_per_cell=20)
+    torch.manual_seed(0)
+    K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tokenizer))).save_pretrained(root / "student")
+    tokenizer.save_pretrained(root / "student")
+    teachers = {cell: seeded_copy(root / "student", root / cell, seed=i + 1) for i, cell in enumerate(CELLS)}
+    return root, root / "student", teachers
+
+
+def spec(**fields):
+    return DistillSpec(mix=dict.fromkeys(CELLS, 1.0), prompts_per_step=4, teacher_actors=False, learning_rate=1e-3, **fields)
+
+
+def run(setup, out, **fields):
+    root, student, teachers = setup
+    return train_mopd(student, teachers, spec(**fields), root / out, efforts=SHORT, env_options=EASY, backend="hf", progress=False)
+
+
+def test_the_trainer_recomputes_exactly_what_the_teacher_scores(setup):
+    _, student_dir, _ = setup
+    student = Student.load(student_dir, spec(), reference_dir=student_dir)
+    gen = torch.Generator().manual_seed(0)
+    rollouts = []
+    for p, c in [(6, 3), (4, 8), (9, 5)]:
+        r = Rollout(Task("t", "general", "low", "q"), torch.randint(3, 100, (p,), generator=gen).tolist())
+        r.token_ids = torch.randint(3, 100, (c,), generator=gen).tolist()
+        r.logprobs, r.loss_mask = [0.0] * c, [1] * c
+        rollouts.append(r)
+    scores = TeacherScorer(student_dir).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts])
+    batch = collate(rollouts, scores, pad_id=0)
+    with torch.no_grad():
+        logits = Student.completion_logits(student.model.eval(), batch)
+    train = torch.log_softmax(logits, -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+    # same weights: the trainer's padded batch gives the teacher's per-sequence log-probs on every real token
+    torch.testing.assert_close(train * batch.mask, batch.teacher_logprobs, atol=1e-5, rtol=0)
+    assert batch.mask.sum(1).tolist() == [3, 8, 5]
+
+
+def test_staleness_beyond_the_bound_is_an_error():
+    rollouts = [Rollout(Task("a", "general", "low", "q"), [1], policy_version=v) for v in (4, 3)]
+    check_staleness(rollouts, current_version=4, max_staleness=1)
+    with pytest.raises(StalenessError, match=r"policy version 3, 1 behind the current 4; distill\.max_staleness is 0"):
+        check_staleness(rollouts, current_version=4, max_staleness=0)
+
+
+def test_a_cell_without_a_teacher_fails_before_any_work(setup):
+    root, student, teachers = setup
+    bad = DistillSpec(mix={"general-low": 1.0, "code-max": 1.0}, teacher_actors=False)
+    with pytest.raises(RoutingError, match="code-max"):
+        train_mopd(student, teachers, bad, root / "never", efforts=SHORT, backend="hf", progress=False)
+    assert not (root / "never").exists()
+
+
+def test_mopd_steps_log_per_teacher_metrics_sync_weights_and_resume(setup):
+    final = run(setup, "run", steps=2, checkpoint_every=1)
+    out = final.parent
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["policy_version"] for r in records] == [0, 1]  # step 2 sampled from the weights of step 1
+    for cell in CELLS:
+        for metric in ("reverse_kl", "reward", "thinking_tokens", "answer_tokens", "is_out_of_bounds", "train_rollout_gap"):
+            assert f"{cell}/{metric}" in records[0]
+    assert records[0]["train_rollout_gap"] < 1e-3  # the engine samples from exactly the trainer's weights
+    assert all(r["time/sample"] > 0 and r["time/score"] > 0 and r["time/weight_sync"] > 0 for r in records)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"]
+
+    # more steps on the same directory continue from step 2: no step is redone or lost
+    run(setup, "run", steps=3, checkpoint_every=1)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[2]["policy_version"] == 2
+    trained = torch.load(Path(out / "checkpoints/step-000003/optimizer.pt"), weights_only=True)
+    assert trained["state"][0]["step"] == 3  # the optimizer state carried across the resume
