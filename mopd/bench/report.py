@@ -1,0 +1,95 @@
+"""A benchmark report on disk: report.json, report.md (one table per metric, a column per model), plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from mopd.artifacts import write_json_atomic, write_text_atomic
+
+# (title, metric keys shown as "a / b", number format)
+TABLES: list[tuple[str, tuple[str, ...], str]] = [
+    ("Accuracy (verifier reward, mean@k)", ("accuracy",), "{:.2f}"),
+    ("pass@k", ("pass_at_k",), "{:.2f}"),
+    ("Thinking tokens (mean / p90)", ("thinking_tokens_mean", "thinking_tokens_p90"), "{:.0f}"),
+    ("Answer tokens (mean / p90)", ("answer_tokens_mean", "answer_tokens_p90"), "{:.0f}"),
+    ("Over-budget rate (thinking > budget)", ("over_budget_rate",), "{:.2f}"),
+    ("Latency per request, s (mean / p90)", ("latency_s_mean", "latency_s_p90"), "{:.1f}"),
+    ("Throughput, generated tokens/s", ("tokens_per_s",), "{:.0f}"),
+]
+PLOTS = {
+    "accuracy_vs_effort.png": "Accuracy vs effort, per domain",
+    "accuracy_vs_tokens.png": "Accuracy vs mean generated tokens (runtime scaling)",
+    "ratio_heatmap.png": "Per-cell accuracy ratio",
+}
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    from mopd.bench.plots import write_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    report["out"] = str(out)
+    report["plots"] = write_plots(report, out)
+    write_json_atomic(out / "report.json", report)
+    write_text_atomic(out / "report.md", markdown(report))
+
+
+def markdown(report: dict[str, Any]) -> str:
+    suite, machine = report["suite"], report["machine"]
+    names = [model["name"] for model in report["models"] if model["role"] != "teacher"]
+    teachers = {m["cell"]: m["name"] for m in report["models"] if m["role"] == "teacher"}
+    lines = [
+        f"# Effort benchmark: suite `{suite['name']}`",
+        "",
+        f"{len(report['models'])} model(s) on `{suite['path']}`: {suite['n'] * len(suite['seeds'])} held-out tasks per cell "
+        f"(seeds {suite['seeds']}), {suite['samples']} sample(s) per task (k = {suite['samples']}), "
+        f"temperature {suite['temperature']}, backend {report['backend']}. "
+        f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
+        "",
+        "Budgets (thinking tokens): "
+        + ", ".join(f"{effort} {spec['budget_tokens']}" for effort, spec in report["efforts"].items())
+        + "."
+        + (" Each teacher answers only its own cell; the `teacher` column shows it." if teachers else ""),
+    ]
+    for title, keys, number in TABLES:
+        lines += ["", f"## {title}", "", *table(report, names, teachers, keys, number)]
+    for file in report.get("plots", []):
+        lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
+    return "\n".join(lines) + "\n"
+
+
+def table(
+    report, names: list[str], teachers: dict[str, str], keys: tuple[str, ...], number: str
+) -> list[str]:
+    """Rows are cells, columns the models; a run's nine teachers share one column (each its own cell)."""
+    rows = {(r["domain"], r["effort"], r["model"]): r for r in report["results"]}
+    cells = list(dict.fromkeys((r["domain"], r["effort"]) for r in report["results"]))
+    columns = [*names[:1], "teacher", *names[1:]] if teachers else names
+    lines = ["| cell | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for domain, effort in cells:
+        model_of = {name: name for name in names} | {"teacher": teachers.get(f"{domain}-{effort}")}
+        values = [cell_text(rows.get((domain, effort, model_of[column])), keys, number) for column in columns]
+        lines.append(f"| {domain}/{effort} | " + " | ".join(values) + " |")
+    if len(keys) == 1:
+        means = [
+            column_mean(report["results"], set(teachers.values()) if c == "teacher" else {c}, keys[0])
+            for c in columns
+        ]
+        lines.append("| **mean** | " + " | ".join(fmt(m, number) for m in means) + " |")
+    return lines
+
+
+def cell_text(row: dict[str, Any] | None, keys: tuple[str, ...], number: str) -> str:
+    if row is None:
+        return "—"
+    return " / ".join(fmt(row[key], number) for key in keys)
+
+
+def fmt(value: float | None, number: str) -> str:
+    return "—" if value is None or math.isnan(value) else number.format(value)
+
+
+def column_mean(results: list[dict[str, Any]], models: set[str], key: str) -> float | None:
+    values = [r[key] for r in results if r["model"] in models]
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,377 @@
+"""The effort benchmark: checkpoints × held-out cells (domain, effort) → one report.
+
+    run_bench(models, efforts, domains, suite, n, samples, out, backend)   any checkpoints
+    bench_run_dir(run_dir)                                                 a run's base, teachers, student
+    run_bench_stage(ctx)                                                   the pipeline's `bench` stage
+
+Everything a user can get wrong (a suite, a checkpoint, a flag) is checked before the first
+engine starts. Then each model gets one rollout engine and answers every cell's tasks through
+the shared episode loop (`run_rollouts`), which verifies and shapes each answer. A cell's tasks
+go to the engine together (or in batches of `batch_tasks`): a request's latency is the wall time
+of the call that served it, throughput the generated tokens over that time.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import platform
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from mopd.artifacts import read_json
+from mopd.bench.suite import BenchError, Suite, check_held_out, close, load_suite, make_env, select
+from mopd.envs.base import Task
+from mopd.envs.effort import EffortSpec
+from mopd.recipe import Recipe
+from mopd.rollout.engine import CheckpointError, load_k3_config
+from mopd.rollout.episodes import Rollout, run_rollouts
+
+console = Console(stderr=True)
+DEFAULT_SUITE = "eval/tiny.yaml"
+
+
+@dataclass
+class ModelRef:
+    """A checkpoint to benchmark; a teacher also names its cell ("domain-effort")."""
+
+    name: str
+    path: Path
+    role: str = "model"  # base | teacher | student | model
+    cell: str | None = None
+
+
+@dataclass
+class Cell:
+    domain: str
+    effort: str
+    tasks: list[Task] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain}-{self.effort}"
+
+
+# ----------------------------------------------------------------------------- entry points
+def run_bench(
+    models: Sequence[str | ModelRef],
+    efforts: Sequence[str] | None = None,
+    domains: Sequence[str] | None = None,
+    suite: str | Path = DEFAULT_SUITE,
+    n: int | None = None,
+    samples: int | None = None,
+    out: str | Path | None = None,
+    backend: str = "vllm",
+    *,
+    recipe: Recipe | None = None,
+    temperature: float | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Benchmark `models` on the suite's held-out cells; writes report.json/.md and plots to `out`."""
+    refs = [as_model_ref(m) for m in models]
+    check_models(refs)
+    chosen = select(
+        load_suite(suite), list(domains or []), list(efforts or []), n, samples, source=str(suite)
+    )
+    if temperature is not None:
+        chosen = chosen.model_copy(update={"temperature": temperature})
+    recipe = recipe or recipe_of(refs)
+    check_held_out(chosen, {recipe.seed}, source=str(suite))
+    envs = {
+        domain: make_env(chosen, domain, recipe.envs.get(domain), source=str(suite))
+        for domain in chosen.domains
+    }
+    try:
+        cells = [Cell(d, e, chosen.tasks(envs[d], e)) for d in chosen.domains for e in chosen.efforts]
+        results = evaluate(refs, cells, envs, chosen, recipe.efforts, backend, progress)
+    finally:
+        for env in envs.values():
+            close(env)
+    report = build_report(refs, chosen, str(suite), backend, recipe.efforts, results)
+    if out is not None:
+        from mopd.bench.report import write_report
+
+        write_report(report, Path(out))
+    return report
+
+
+def bench_run_dir(
+    run_dir: str | Path, out: str | Path | None = None, backend: str | None = None, **options
+) -> dict:
+    """Benchmark a recipe run's base, nine teachers and student together (`mopd bench --run`)."""
+    run_dir = Path(run_dir)
+    recipe_file = run_dir / "recipe.json"
+    if not recipe_file.is_file():
+        raise BenchError(f"--run {run_dir}: no recipe.json; is it a run directory (runs/<recipe>)?")
+    recipe = Recipe.model_validate(read_json(recipe_file))
+    options.setdefault("suite", recipe.bench.suite)
+    options.setdefault("samples", recipe.bench.samples)
+    return run_bench(
+        run_models(run_dir), out=out if out is not None else run_dir / "bench", backend=backend or recipe.rollout,
+        recipe=recipe, **options,
+    )  # fmt: skip
+
+
+def run_bench_stage(ctx) -> None:
+    """Pipeline stage `bench`: the run's models on the recipe's suite, report in the stage dir."""
+    spec = ctx.recipe.bench
+    run_bench(
+        run_models(ctx.run_dir, ctx.inputs), suite=spec.suite, n=spec.n, samples=spec.samples, out=ctx.dir,
+        backend=ctx.recipe.rollout, recipe=ctx.recipe, temperature=spec.temperature,
+    )  # fmt: skip
+
+
+def bench_command(args) -> int:
+    """`mopd bench MODEL [MODEL ...] | --run DIR` (the CLI's handler)."""
+    options = {
+        "efforts": split_list(args.efforts), "domains": split_list(args.domains),
+        "n": args.n, "samples": args.samples,
+    }  # fmt: skip
+    if args.suite:
+        options["suite"] = args.suite
+    if args.run:
+        if args.models:
+            raise BenchError("give either MODEL paths or --run DIR, not both")
+        report = bench_run_dir(args.run, out=args.out, backend=args.backend, **options)
+    else:
+        if not args.models:
+            raise BenchError("name at least one MODEL checkpoint, or --run runs/<recipe>")
+        report = run_bench(
+            args.models, out=args.out or "runs/bench", backend=args.backend or "vllm", **options
+        )
+    console.print(f"wrote {report['out']}/report.md, report.json and plots")
+    return 0
+
+
+def split_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else [v for part in value for v in part.split(",")]
+    return [item.strip() for item in items if item.strip()]
+
+
+# ----------------------------------------------------------------------------- models
+def as_model_ref(model: str | Path | ModelRef) -> ModelRef:
+    """A ModelRef from `PATH` or `NAME=PATH` (the name is the table's column)."""
+    if isinstance(model, ModelRef):
+        return model
+    name, sep, path = str(model).partition("=")
+    if not sep:
+        name, path = Path(model).name or str(model), str(model)
+    return ModelRef(name, Path(path))
+
+
+def check_models(refs: list[ModelRef]) -> None:
+    """Every checkpoint loads: config, weights file header, tokenizer; names are distinct."""
+    if not refs:
+        raise BenchError("no models to benchmark")
+    names = [ref.name for ref in refs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BenchError(f"two models are named {repeated}; name them NAME=PATH")
+    for ref in refs:
+        check_checkpoint(ref)
+
+
+def check_checkpoint(ref: ModelRef) -> None:
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    where = f"model {ref.name!r} ({ref.path})"
+    if not ref.path.is_dir():
+        raise BenchError(f"{where}: no such checkpoint directory")
+    try:
+        load_k3_config(ref.path)
+        for weights in sorted(ref.path.glob("*.safetensors")):
+            with safe_open(weights, "pt") as f:
+                f.keys()
+        AutoTokenizer.from_pretrained(ref.path)
+    except CheckpointError as err:
+        raise BenchError(f"{where}: {err}") from None
+    except Exception as err:  # a corrupt file raises whatever its parser raises
+        raise BenchError(f"{where}: corrupt checkpoint: {type(err).__name__}: {err}") from None
+    if not (ref.path / "tokenizer_config.json").is_file():
+        raise BenchError(f"{where}: no tokenizer (tokenizer_config.json) beside the model")
+
+
+def recipe_of(refs: list[ModelRef]) -> Recipe:
+    """The recipe of the run the checkpoints come from (its seed, budgets, env options); else defaults."""
+    for ref in refs:
+        for parent in [ref.path, *ref.path.resolve().parents]:
+            if (parent / "recipe.json").is_file():
+                return Recipe.model_validate(read_json(parent / "recipe.json"))
+    return Recipe(name="bench")
+
+
+def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:
+    """The base, the teachers (each on its own cell) and the student of a run directory."""
+    stages = dict(inputs or {}) or {name: run_dir / name for name in stage_names(run_dir)}
+    refs = []
+    if "base" in stages:
+        refs.append(ModelRef("base", base_dir(stages["base"]), "base"))
+    for name in sorted(s for s in stages if s.startswith("teachers/")):
+        cell = name.removeprefix("teachers/")
+        refs.append(ModelRef(cell, checkpoint_in(stages[name]), "teacher", cell))
+    for name in ("mopd", "distill"):
+        if name in stages:
+            refs.append(ModelRef("student", checkpoint_in(stages[name]), "student"))
+    if not refs:
+        raise BenchError(f"{run_dir}: no base, teacher or student stage found")
+    return refs
+
+
+def stage_names(run_dir: Path) -> list[str]:
+    manifest = read_json(run_dir / "manifest.json")
+    if manifest is None:
+        raise BenchError(f"--run {run_dir}: no manifest.json; has the run started?")
+    return [name for name, stage in manifest["stages"].items() if stage.get("status") in ("done", "skipped")]
+
+
+def base_dir(stage_dir: Path) -> Path:
+    """The base stage holds the checkpoint, or names the recipe's existing one in base.json."""
+    pointer = read_json(stage_dir / "base.json")
+    return Path(pointer["checkpoint"]) if pointer else checkpoint_in(stage_dir)
+
+
+def checkpoint_in(stage_dir: Path) -> Path:
+    model = stage_dir / "model"
+    return (
+        model
+        if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file()
+        else stage_dir
+    )
+
+
+def cells_of(ref: ModelRef, cells: list[Cell]) -> list[Cell]:
+    """A teacher answers its own cell only (it was trained for it); other models answer every cell."""
+    if ref.role != "teacher":
+        return cells
+    return [cell for cell in cells if cell.name == ref.cell]
+
+
+# ----------------------------------------------------------------------------- evaluation
+def evaluate(
+    refs, cells, envs, suite: Suite, budgets: Mapping[str, EffortSpec], backend: str, progress: bool
+):
+    from transformers import AutoTokenizer
+
+    from mopd.rollout.engine import create_engine
+
+    total = sum(len(cell.tasks) * suite.samples for ref in refs for cell in cells_of(ref, cells))
+    results = []
+    with progress_bar(progress) as bar:
+        task = bar.add_task("bench", total=total)
+        for ref in [ref for ref in refs if cells_of(ref, cells)]:
+            bar.update(task, description=f"{ref.name}: loading")
+            engine = create_engine(ref.path, backend=backend)
+            tokenizer = AutoTokenizer.from_pretrained(ref.path)
+            for cell in cells_of(ref, cells):
+                bar.update(task, description=f"{ref.name}: {cell.name}")
+                groups, latencies, wall = sample_cell(
+                    engine, tokenizer, envs, cell, budgets, suite, lambda k: bar.advance(task, k)
+                )
+                metrics = cell_metrics(groups, latencies, wall, budgets[cell.effort])
+                results.append({"model": ref.name, "domain": cell.domain, "effort": cell.effort, **metrics})
+            del engine
+            gc.collect()
+    return results
+
+
+def progress_bar(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not enabled,
+    )  # fmt: skip
+
+
+def sample_cell(engine, tokenizer, envs, cell: Cell, budgets, suite: Suite, advance):
+    """The cell's rollouts (k per task), each request's latency (its call's seconds) and the wall time."""
+    batch = suite.batch_tasks or len(cell.tasks)
+    groups, latencies, wall = [], [], 0.0
+    for start in range(0, len(cell.tasks), batch):
+        tasks = cell.tasks[start : start + batch]
+        began = time.perf_counter()
+        groups += run_rollouts(
+            engine, tokenizer, {cell.domain: envs[cell.domain]}, tasks, budgets,
+            n=suite.samples, temperature=suite.temperature, seed=suite.seeds[0],
+        )  # fmt: skip
+        seconds = time.perf_counter() - began
+        latencies += [seconds] * (len(tasks) * suite.samples)
+        wall += seconds
+        advance(len(tasks) * suite.samples)
+    return groups, latencies, wall
+
+
+def cell_metrics(
+    groups: list[list[Rollout]], latencies: list[float], wall: float, budget: EffortSpec
+) -> dict:
+    rollouts = [r for group in groups for r in group]
+    generated = sum(sum(r.loss_mask) for r in rollouts)
+    return {
+        "tasks": len(groups),
+        "samples": len(rollouts) // len(groups),
+        "budget_tokens": budget.budget_tokens,
+        "accuracy": mean(r.verdict.reward for r in rollouts),
+        "pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
+        "shaped_reward": mean(r.reward for r in rollouts),
+        "closed_think_rate": mean(r.closed_think for r in rollouts),
+        "thinking_tokens_mean": mean(r.thinking_tokens for r in rollouts),
+        "thinking_tokens_p90": p90(r.thinking_tokens for r in rollouts),
+        "answer_tokens_mean": mean(r.answer_tokens for r in rollouts),
+        "answer_tokens_p90": p90(r.answer_tokens for r in rollouts),
+        "generated_tokens_mean": generated / len(rollouts),
+        "over_budget_rate": mean(r.over_budget for r in rollouts),
+        "latency_s_mean": mean(latencies),
+        "latency_s_p90": p90(latencies),
+        "seconds": wall,
+        "tokens_per_s": generated / wall,
+        "requests_per_s": len(rollouts) / wall,
+    }
+
+
+def mean(values: Iterable[float]) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else math.nan
+
+
+def p90(values: Iterable[float]) -> float:
+    values = [float(v) for v in values]
+    return float(np.percentile(values, 90)) if values else math.nan
+
+
+# ----------------------------------------------------------------------------- the report
+def build_report(refs, suite: Suite, suite_path: str, backend: str, budgets, results) -> dict[str, Any]:
+    return {
+        "suite": {"path": suite_path, **suite.model_dump()},
+        "backend": backend,
+        "efforts": {effort: spec.model_dump() for effort, spec in budgets.items() if effort in suite.efforts},
+        "models": [{**asdict(ref), "path": str(ref.path)} for ref in refs],
+        "results": results,
+        "machine": machine(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,164 @@
+"""Benchmark suites: which held-out tasks a benchmark runs, as a YAML file in `eval/`.
+
+    name: tiny
+    seeds: [1001]          # held-out seeds; never a seed the training stages draw tasks with
+    n: 6                   # tasks per (domain, effort) cell and seed
+    samples: 1             # samples per task: accuracy is mean@k, pass@k over these k
+    temperature: 0.0
+    batch_tasks: null      # tasks per engine call (null: a cell at once); a request's latency is its call's
+    efforts: [low, high, max]
+    domains:
+      general: {families: [add, mul], options: {add_digits: [1, 3]}}
+      code: {}             # every family, default difficulty
+
+Tasks come from the environments' eval split, whose content never overlaps the train split
+(each env assigns a task to a split by hashing its content). On top of that a suite's seeds must
+differ from the recipe's training seed, which `check_held_out` enforces. The same suite and seed
+always give the same tasks, and a task's content does not depend on the effort, so every effort
+answers the same questions. Every mistake (an unknown domain or family, a training seed) is one
+`SuiteError` naming the file and the field, raised before anything is sampled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mopd.envs import get_env
+from mopd.envs.base import DOMAINS, EFFORTS, Task
+from mopd.recipe import RecipeError, read_yaml_mapping, resolve_path, validate
+
+
+class BenchError(RecipeError):
+    """A user mistake in a benchmark's input (suite, checkpoint, flags); the message names it."""
+
+
+class SuiteError(BenchError):
+    """A mistake in a suite file; the message names the file and the field."""
+
+
+class DomainSuite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    families: list[str] = Field(
+        default_factory=list, description="task families; empty = the domain's default"
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="the env's difficulty knobs")
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    seeds: list[int] = Field(min_length=1)
+    n: int = Field(gt=0, description="tasks per (domain, effort) cell and seed")
+    samples: int = Field(1, gt=0, description="samples per task (k of mean@k and pass@k)")
+    temperature: float = Field(0.0, ge=0)
+    batch_tasks: int | None = Field(
+        None, gt=0, description="tasks per engine call; null = a whole cell at once"
+    )
+    efforts: list[str] = Field(default_factory=lambda: list(EFFORTS))
+    domains: dict[str, DomainSuite]
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds repeat: {seeds}")
+        return seeds
+
+    @field_validator("efforts")
+    @classmethod
+    def _known_efforts(cls, efforts: list[str]) -> list[str]:
+        unknown = [e for e in efforts if e not in EFFORTS]
+        if unknown or not efforts:
+            raise ValueError(f"unknown efforts {unknown}; choose some of {list(EFFORTS)}")
+        return efforts
+
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, domains: dict[str, DomainSuite]) -> dict[str, DomainSuite]:
+        unknown = [d for d in domains if d not in DOMAINS]
+        if unknown or not domains:
+            raise ValueError(f"unknown domains {unknown}; choose some of {list(DOMAINS)}")
+        return domains
+
+    def env_options(self, domain: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Keyword options of the domain's env: the recipe's (`base`), then the suite's on top."""
+        spec = self.domains[domain]
+        options = {**(base or {}), **spec.options}
+        if spec.families:
+            options["families"] = spec.families
+        return options
+
+    def tasks(self, env: Any, effort: str) -> list[Task]:
+        """The cell's held-out tasks: n per seed, from the eval split."""
+        return [task for seed in self.seeds for task in env.sample(self.n, seed, "eval", effort)]
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file, building each env once so a bad family fails here."""
+    path = resolve_path(str(path), None)
+    try:
+        suite = validate(Suite, read_yaml_mapping(path), source=str(path))
+    except RecipeError as err:
+        raise SuiteError(str(err)) from None
+    for domain in suite.domains:
+        close(make_env(suite, domain, source=str(path)))
+    return suite
+
+
+def make_env(
+    suite: Suite, domain: str, env_options: dict[str, Any] | None = None, source: str = "suite"
+) -> Any:
+    try:
+        return get_env(domain, **suite.env_options(domain, env_options))
+    except (ValueError, TypeError) as err:
+        raise SuiteError(f"{source}: domains.{domain}: {err}") from None
+
+
+def close(env: Any) -> None:
+    if callable(getattr(env, "close", None)):
+        env.close()
+
+
+def select(
+    suite: Suite,
+    domains: list[str] | None = None,
+    efforts: list[str] | None = None,
+    n: int | None = None,
+    samples: int | None = None,
+    source: str = "suite",
+) -> Suite:
+    """The suite narrowed to some domains/efforts, with n or samples overridden (the CLI's flags)."""
+    for domain in domains or []:
+        if domain not in DOMAINS:
+            raise SuiteError(f"--domains: unknown domain {domain!r}; choose some of {list(DOMAINS)}")
+        if domain not in suite.domains:
+            raise SuiteError(f"--domains: {source} has no domain {domain!r}; it has {list(suite.domains)}")
+    for effort in efforts or []:
+        if effort not in EFFORTS:
+            raise SuiteError(f"--efforts: unknown effort {effort!r}; choose some of {list(EFFORTS)}")
+    update: dict[str, Any] = {}
+    if domains:
+        update["domains"] = {d: suite.domains[d] for d in domains}
+    if efforts:
+        update["efforts"] = list(efforts)
+    for name, value in (("n", n), ("samples", samples)):
+        if value is not None:
+            if value <= 0:
+                raise SuiteError(f"--{name}: must be positive, got {value}")
+            update[name] = value
+    return suite.model_copy(update=update)
+
+
+def check_held_out(suite: Suite, training_seeds: set[int], source: str = "suite") -> None:
+    """A suite seed that a training stage also draws tasks with is refused."""
+    shared = sorted(set(suite.seeds) & set(training_seeds))
+    if shared:
+        raise SuiteError(
+            f"{source}: seeds {shared} are also training seeds (the recipe's seed draws the base's and "
+            f"teachers' training tasks); pick held-out seeds"
+        )

@@ -1,0 +1,363 @@
+"""`mopd bench`: suites (determinism, held-out seeds, clear errors), checkpoints checked before any
+sampling, same scores at temperature 0, a run's base/teachers/student, and the report on disk.
+
+The models are a random tiny K3 hybrid (4 layers) with the tiny tokenizer, sampled by the HF
+backend under tiny budgets, so a whole benchmark takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mopd.bench import plots
+from mopd.bench.report import markdown
+from mopd.bench.run import ModelRef, bench_command, bench_run_dir, run_bench, run_models
+from mopd.bench.suite import BenchError, SuiteError, check_held_out, load_suite, make_env, select
+from mopd.envs import get_env
+from mopd.envs.tokenizer import build_tiny_tokenizer
+from mopd.model import K3HybridForCausalLM, preset_config
+from mopd.recipe import ROOT, Recipe, load_recipe
+
+TINY_BUDGETS = {
+    "low": {"budget_tokens": 4, "answer_tokens": 4},
+    "high": {"budget_tokens": 8, "answer_tokens": 4},
+    "max": {"budget_tokens": 12, "answer_tokens": 4},
+}
+SUITE = {
+    "name": "unit",
+    "seeds": [1001],
+    "n": 2,
+    "temperature": 0.0,
+    "efforts": ["low", "high"],
+    "domains": {"general": {"families": ["add"], "options": {"add_digits": [1, 2]}}},
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many engineers share the CPUs: one thread is far faster here
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer(tasks_per_cell=10)
+
+
+def write_checkpoint(path: Path, tokenizer, seed: int) -> Path:
+    torch.manual_seed(seed)
+    model = K3HybridForCausalLM(preset_config("tiny", vocab_size=len(tokenizer), num_hidden_layers=4))
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(["<|end|>", "<|eos|>"])
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("ckpt")
+    return write_checkpoint(root / "a", tokenizer, 0), write_checkpoint(root / "b", tokenizer, 1)
+
+
+@pytest.fixture
+def suite_file(tmp_path):
+    return write_suite(tmp_path / "unit.yaml", SUITE)
+
+
+def write_suite(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def tiny_recipe() -> Recipe:
+    return Recipe(name="unit", efforts=TINY_BUDGETS)
+
+
+@pytest.fixture
+def no_sampling(monkeypatch):
+    """Any attempt to sample fails the test: errors must come before the first rollout."""
+
+    def sampled(*args, **kwargs):
+        raise AssertionError("sampling started before the input was checked")
+
+    monkeypatch.setattr("mopd.bench.run.run_rollouts", sampled)
+
+
+# ----------------------------------------------------------------------------- suites
+@pytest.mark.parametrize("recipe", ["recipes/tiny.yaml", "recipes/smoke.yaml"])
+def test_recipe_suites_load_and_hold_out_the_training_seed(recipe):
+    loaded = load_recipe(ROOT / recipe)
+    suite = load_suite(loaded.bench.suite)
+    check_held_out(suite, {loaded.seed})
+    assert suite.domains and suite.efforts and suite.n > 0
+
+
+def test_same_suite_and_seed_give_the_same_tasks_at_every_effort():
+    suite = load_suite("eval/tiny.yaml")
+    for domain in suite.domains:
+        first, second = make_env(suite, domain), make_env(suite, domain)
+        tasks = {effort: suite.tasks(first, effort) for effort in suite.efforts}
+        again = {effort: suite.tasks(second, effort) for effort in suite.efforts}
+        assert tasks == again
+        prompts = {effort: [t.prompt for t in cell] for effort, cell in tasks.items()}
+        assert all(p == prompts["low"] for p in prompts.values()), "every effort answers the same questions"
+        other_seed = suite.model_copy(update={"seeds": [s + 1 for s in suite.seeds]})
+        assert [t.prompt for t in other_seed.tasks(first, "low")] != prompts["low"]
+
+
+def test_a_suite_seed_that_is_a_training_seed_is_refused(tmp_path):
+    path = write_suite(tmp_path / "leaky.yaml", {**SUITE, "seeds": [5, 0]})
+    with pytest.raises(SuiteError, match=r"leaky.yaml: seeds \[0\] are also training seeds"):
+        check_held_out(load_suite(path), {Recipe(name="r").seed}, source=str(path))
+
+
+@pytest.mark.parametrize("suite_path", ["eval/tiny.yaml", "eval/smoke.yaml"])
+def test_suite_tasks_share_no_content_with_the_training_tasks(suite_path):
+    """The suite's eval tasks and the tasks training draws with the recipe's seed are disjoint."""
+    suite = load_suite(suite_path)
+    seed = Recipe(name="r").seed
+    for domain in suite.domains:
+        env = make_env(suite, domain)
+        train_env = get_env(domain)  # training draws from the domain's default families
+        for effort in suite.efforts:
+            held_out = {content(t) for t in suite.tasks(env, effort)}
+            trained = {content(t) for t in train_env.sample(200, seed, "train", effort)}
+            assert held_out and not held_out & trained
+
+
+def content(task) -> str:
+    meta = {k: v for k, v in task.meta.items() if k not in ("id", "content_hash")}
+    return task.prompt + json.dumps(meta, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"domains": {"chess": {}}}, r"bad.yaml: field `domains`: .*unknown domains \['chess'\]"),
+        ({"domains": {"general": {"families": ["add", "sudoku"]}}}, r"bad.yaml: domains.general: .*sudoku"),
+        (
+            {"domains": {"code": {"families": ["no_such_family"]}}},
+            r"bad.yaml: domains.code: .*no_such_family",
+        ),
+        ({"efforts": ["medium"]}, r"bad.yaml: field `efforts`: .*medium"),
+        ({"seeds": [3, 3]}, r"bad.yaml: field `seeds`: .*repeat"),
+        ({"n": 0}, r"bad.yaml: field `n`"),
+        ({"typo": 1}, r"bad.yaml: unknown field `typo`"),
+    ],
+)
+def test_bad_suites_are_named_errors(tmp_path, change, message):
+    path = write_suite(tmp_path / "bad.yaml", {**SUITE, **change})
+    with pytest.raises(SuiteError, match=message):
+        load_suite(path)
+
+
+def test_suite_files_that_are_not_suites(tmp_path):
+    with pytest.raises(SuiteError, match="no such file"):
+        load_suite(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(SuiteError, match=r"broken\.yaml: not valid YAML"):
+        load_suite(tmp_path / "broken.yaml")
+
+
+def test_command_line_selection_checks_domains_and_efforts():
+    suite = load_suite("eval/smoke.yaml")
+    narrowed = select(suite, ["general"], ["max"], n=3, samples=2)
+    assert list(narrowed.domains) == ["general"] and narrowed.efforts == ["max"]
+    assert (narrowed.n, narrowed.samples) == (3, 2)
+    with pytest.raises(SuiteError, match="unknown domain 'chess'"):
+        select(suite, ["chess"])
+    with pytest.raises(SuiteError, match="unknown effort 'medium'"):
+        select(suite, efforts=["medium"])
+    with pytest.raises(SuiteError, match="--n: must be positive"):
+        select(suite, n=0)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_missing_and_corrupt_checkpoints_fail_before_sampling(tmp_path, checkpoints, suite_file, no_sampling):
+    good = checkpoints[0]
+    cases = {}
+    cases["missing"] = tmp_path / "nowhere"
+    cases["no config"] = copy_without(good, tmp_path / "no_config", "config.json")
+    cases["no weights"] = copy_without(good, tmp_path / "no_weights", "model.safetensors")
+    cases["no tokenizer"] = copy_without(good, tmp_path / "no_tok", "tokenizer.json", "tokenizer_config.json")
+    cases["bad json"] = copy_without(good, tmp_path / "bad_json")
+    (cases["bad json"] / "config.json").write_text("{ not json")
+    cases["garbage weights"] = copy_without(good, tmp_path / "garbage")
+    (cases["garbage weights"] / "model.safetensors").write_bytes(
+        b"\x10\x00\x00\x00\x00\x00\x00\x00not a header"
+    )
+    cases["truncated weights"] = copy_without(good, tmp_path / "truncated")
+    weights = cases["truncated weights"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    expected = {
+        "missing": "no such checkpoint directory",
+        "no config": "no config.json",
+        "no weights": "no weights",
+        "no tokenizer": "tokenizer",
+        "bad json": "not valid JSON",
+        "garbage weights": "corrupt checkpoint",
+        "truncated weights": "corrupt checkpoint",
+    }
+    for case, path in cases.items():
+        with pytest.raises(BenchError, match=expected[case]) as err:
+            run_bench([good, f"broken={path}"], suite=suite_file, backend="hf", recipe=tiny_recipe())
+        assert "'broken'" in str(err.value) and str(path) in str(err.value), case
+
+
+def copy_without(source: Path, target: Path, *names: str) -> Path:
+    shutil.copytree(source, target)
+    for name in names:
+        (target / name).unlink()
+    return target
+
+
+def test_bad_suite_or_flags_fail_before_sampling(tmp_path, checkpoints, no_sampling):
+    bad = write_suite(tmp_path / "bad.yaml", {**SUITE, "domains": {"general": {"families": ["nope"]}}})
+    with pytest.raises(SuiteError, match=r"domains\.general"):
+        run_bench([checkpoints[0]], suite=bad, backend="hf", recipe=tiny_recipe())
+    good = write_suite(tmp_path / "good.yaml", SUITE)
+    with pytest.raises(SuiteError, match="unknown domain 'chess'"):
+        run_bench([checkpoints[0]], domains=["chess"], suite=good, backend="hf", recipe=tiny_recipe())
+    with pytest.raises(SuiteError, match="training seeds"):
+        run_bench([checkpoints[0]], suite=good, backend="hf", recipe=Recipe(name="r", seed=1001))
+    with pytest.raises(BenchError, match="two models are named"):
+        run_bench(
+            [f"x={checkpoints[0]}", f"x={checkpoints[1]}"], suite=good, backend="hf", recipe=tiny_recipe()
+        )
+
+
+# ----------------------------------------------------------------------------- benchmarking
+def test_temperature_zero_gives_the_same_scores(tmp_path, checkpoints, suite_file):
+    """Two engines on one checkpoint sample identically; another checkpoint samples differently."""
+    models = [f"first={checkpoints[0]}", f"again={checkpoints[0]}", f"other={checkpoints[1]}"]
+    report = run_bench(models, suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False)
+    outcome = {name: scores(report, name) for name in ("first", "again", "other")}
+    assert outcome["first"] == outcome["again"]
+    assert outcome["first"] != outcome["other"]
+    rerun = run_bench(
+        [f"first={checkpoints[0]}"], suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False
+    )
+    assert scores(rerun, "first") == outcome["first"]
+    rows = [r for r in report["results"] if r["model"] == "first"]
+    assert [(r["domain"], r["effort"], r["tasks"]) for r in rows] == [
+        ("general", "low", 2),
+        ("general", "high", 2),
+    ]
+    for row in rows:
+        assert 0 <= row["accuracy"] <= row["pass_at_k"] <= 1
+        assert row["thinking_tokens_mean"] <= row["thinking_tokens_p90"] or row["thinking_tokens_mean"] == 0
+        assert row["tokens_per_s"] > 0 and row["latency_s_mean"] > 0
+
+
+def scores(report: dict, model: str) -> list[tuple]:
+    keys = (
+        "accuracy",
+        "pass_at_k",
+        "thinking_tokens_mean",
+        "answer_tokens_mean",
+        "generated_tokens_mean",
+        "over_budget_rate",
+        "closed_think_rate",
+    )
+    return [tuple(r[k] for k in keys) for r in report["results"] if r["model"] == model]
+
+
+def test_mean_and_pass_at_k_over_samples(tmp_path, checkpoints, suite_file):
+    report = run_bench(
+        [checkpoints[1]],
+        suite=suite_file,
+        samples=3,
+        efforts=["low"],
+        backend="hf",
+        recipe=tiny_recipe(),
+        temperature=1.0,
+        progress=False,
+    )
+    (row,) = report["results"]
+    assert (row["tasks"], row["samples"]) == (2, 3)
+    assert row["accuracy"] <= row["pass_at_k"]
+
+
+def test_the_command_writes_report_markdown_and_plots(tmp_path, checkpoints, suite_file, monkeypatch):
+    monkeypatch.setattr("mopd.bench.run.recipe_of", lambda refs: tiny_recipe())
+    args = argparse.Namespace(
+        models=[f"base={checkpoints[0]}", f"trained={checkpoints[1]}"], run=None, suite=str(suite_file),
+        efforts="low,high", domains="general", n=1, samples=None, out=str(tmp_path / "out"), backend="hf",
+    )  # fmt: skip
+    assert bench_command(args) == 0
+    out = tmp_path / "out"
+    report = json.loads((out / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["base", "trained"]
+    assert {"cpu_count", "torch", "platform"} <= set(report["machine"])
+    text = (out / "report.md").read_text()
+    assert "| cell | base | trained |" in text and "| general/low |" in text
+    for png in ("accuracy_vs_effort.png", "accuracy_vs_tokens.png", "ratio_heatmap.png"):
+        assert (out / png).read_bytes().startswith(b"\x89PNG"), png
+        assert f"]({png})" in text
+
+
+def test_plots_have_labelled_axes_and_legends(tmp_path, checkpoints, suite_file):
+    report = run_bench(
+        [f"base={checkpoints[0]}", f"trained={checkpoints[1]}"],
+        suite=suite_file,
+        backend="hf",
+        recipe=tiny_recipe(),
+        progress=False,
+    )
+    for plot in (plots.plot_accuracy_vs_effort, plots.plot_accuracy_vs_tokens):
+        figure = plot(report)
+        axes = figure.axes
+        assert all(ax.get_xlabel() for ax in axes) and axes[0].get_ylabel()
+        legend_labels = [t.get_text() for legend in figure.legends for t in legend.get_texts()]
+        assert legend_labels == ["base", "trained"]
+    heat = plots.plot_ratio_heatmap(report)
+    assert heat.axes[0].get_xlabel() == "effort" and heat.axes[0].get_ylabel() == "domain"
+    assert "trained / base" in heat.axes[0].get_title()
+
+
+# ----------------------------------------------------------------------------- a recipe run
+def fake_run(root: Path, checkpoint: Path, recipe: Recipe) -> Path:
+    """A finished run directory laid out as the pipeline writes it (one checkpoint everywhere)."""
+    stages = {"base": root / "base", "teachers/general-low": root / "teachers/general-low",
+              "teachers/code-max": root / "teachers/code-max", "mopd": root / "mopd" / "model"}  # fmt: skip
+    for path in stages.values():
+        shutil.copytree(checkpoint, path)
+    (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
+    manifest = {"recipe": recipe.name, "stages": {name: {"hash": "x", "status": "done"} for name in stages}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_run_models_finds_base_teachers_and_student(tmp_path, checkpoints):
+    run = fake_run(tmp_path / "run", checkpoints[0], tiny_recipe())
+    refs = run_models(run)
+    assert [(r.name, r.role, r.cell) for r in refs] == [
+        ("base", "base", None), ("code-max", "teacher", "code-max"),
+        ("general-low", "teacher", "general-low"), ("student", "student", None),
+    ]  # fmt: skip
+    assert refs[-1] == ModelRef("student", run / "mopd" / "model", "student")
+
+
+def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpoints, suite_file):
+    run = fake_run(tmp_path / "run", checkpoints[0], tiny_recipe())
+    report = bench_run_dir(run, suite=str(suite_file), efforts=["low"], backend="hf", progress=False)
+    evaluated = {(r["model"], r["domain"], r["effort"]) for r in report["results"]}
+    assert evaluated == {
+        ("base", "general", "low"),
+        ("general-low", "general", "low"),
+        ("student", "general", "low"),
+    }
+    assert (run / "bench" / "ratio_heatmap.png").is_file()
+    text = markdown(report)
+    assert "| cell | base | teacher | student |" in text
+    with pytest.raises(BenchError, match=r"no recipe\.json"):
+        bench_run_dir(tmp_path / "not_a_run")
