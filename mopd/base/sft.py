@@ -64,7 +64,8 @@ def train_base(recipe, out: Path) -> None:
     tokenizer = build_tokenizer([text for text, _ in transcripts])
     rng = random.Random(recipe.seed)
     examples = [
-        tokenize_example(tokenizer, turns, rng, sft.noise, sft.max_length) for _, turns in transcripts
+        tokenize_example(tokenizer, envs[task.domain], task, turns, rng, sft.noise, sft.max_length)
+        for _, (task, turns) in transcripts
     ]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
     torch.manual_seed(recipe.seed)
@@ -101,32 +102,40 @@ def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float
     return out
 
 
-def tokenize_example(
-    tokenizer, task_turns, rng: random.Random, noise: float, max_length: int
-) -> dict[str, Any]:
-    task, turns = task_turns
-    corrupted = rng.random() < noise
-    if corrupted:
-        turns = corrupt(turns, rng)
+def tokenize_example(tokenizer, env, task, turns, rng: random.Random, noise: float, max_length: int) -> dict:
+    wrong = corrupt(env, task, turns, rng) if rng.random() < noise else None
+    corrupted = wrong is not None
+    turns = wrong or turns
     segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
     ids, mask = tokenize_segments(tokenizer, segments)
     return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "corrupted": corrupted}
 
 
-def corrupt(turns: list[dict[str, str]], rng: random.Random) -> list[dict[str, str]]:
-    """Change one digit in the answer of the last assistant turn that has one (a wrong answer or action)."""
-    turns = [dict(t) for t in turns]
-    for turn in reversed(turns):
-        if turn["role"] != "assistant":
-            continue
-        think, sep, answer = turn["content"].rpartition(THINK_CLOSE)
-        digits = [i for i, ch in enumerate(answer) if ch.isdigit()]
-        if digits:
-            i = rng.choice(digits)
-            wrong = rng.choice([d for d in "0123456789" if d != answer[i]])
-            turn["content"] = think + sep + answer[:i] + wrong + answer[i + 1 :]
-            return turns
-    return turns
+def corrupt(env, task, turns: list[dict[str, str]], rng: random.Random, tries: int = 10) -> list[dict] | None:
+    """One digit changed in an answer (after `</think>`), latest turns first, until the verifier rejects it.
+
+    None when no such change exists (an answer without digits, or only harmless ones).
+    """
+    places = [
+        (index, pos)
+        for index, turn in enumerate(turns)
+        if turn["role"] == "assistant"
+        for pos in answer_digits(turn["content"])
+    ]
+    places.sort(key=lambda place: (-place[0], rng.random()))
+    for index, pos in places[:tries]:
+        wrong = [dict(t) for t in turns]
+        text = wrong[index]["content"]
+        digit = rng.choice([d for d in "0123456789" if d != text[pos]])
+        wrong[index]["content"] = text[:pos] + digit + text[pos + 1 :]
+        if env.verify(task, wrong if len(turns) > 1 else wrong[0]["content"]).reward < 1.0:
+            return wrong
+    return None
+
+
+def answer_digits(content: str) -> list[int]:
+    start = content.rfind(THINK_CLOSE) + len(THINK_CLOSE) if THINK_CLOSE in content else len(content)
+    return [pos for pos in range(start, len(content)) if content[pos].isdigit()]
 
 
 def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, rng: random.Random) -> None:
