@@ -200,11 +200,12 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
         if m.num_decodes:
             decodes = slice(0, m.num_decode_tokens)
             out[decodes] = self.decode_step(x[decodes], g[decodes], beta[decodes], slots[: m.num_decodes], conv_cache, recurrent_cache)
-        for r in range(m.num_decodes, m.num_decodes + m.num_prefills):
-            tokens = slice(starts[r], starts[r + 1])
-            slot = slots[r : r + 1]
-            has_state = bool(m.has_initial_state[r])
-            out[tokens] = self.prefill(x[tokens], g[tokens], beta[tokens], slot, has_state, conv_cache, recurrent_cache)
+        # Prefills (whole prompts, or chunks continuing a cached state) run batched by length.
+        has_state = m.has_initial_state
+        for requests in same_length_groups(range(m.num_decodes, m.num_decodes + m.num_prefills), starts):
+            tokens = torch.tensor([list(range(starts[r], starts[r + 1])) for r in requests], device=x.device)
+            rows = torch.tensor(requests, device=x.device)
+            out[tokens] = self.prefill(x[tokens], g[tokens], beta[tokens], slots[rows], has_state[rows], conv_cache, recurrent_cache)
 
     def decode_step(self, x, g, beta, slots, conv_cache, recurrent_cache) -> torch.Tensor:
         """One new token for each of B requests, batched: x [B,D] -> o [B,H,V]."""
@@ -216,16 +217,17 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
         recurrent_cache[slots] = state.to(recurrent_cache.dtype)
         return o[:, 0]
 
-    def prefill(self, x, g, beta, slot, has_state: bool, conv_cache, recurrent_cache) -> torch.Tensor:
-        """T prompt tokens of one request (a whole prompt, or a chunk continuing a cached state) -> o [T,H,V]."""
-        conv_tails = conv_cache[slot].chunk(3, dim=1) if has_state else [None] * 3
-        convolved = [conv(proj(x[None]), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
+    def prefill(self, x, g, beta, slots, has_state, conv_cache, recurrent_cache) -> torch.Tensor:
+        """T tokens for each of B requests: x [B,T,D] -> o [B,T,H,V]. A request without a cached
+        state starts from zeros, which is what the HF layer does at the start of a sequence."""
+        conv_tails = torch.where(has_state.view(-1, 1, 1), conv_cache[slots], 0).chunk(3, dim=1)
+        convolved = [conv(proj(x), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
         (q, q_tail), (k, k_tail), (v, v_tail) = convolved
-        conv_cache[slot] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
-        initial = recurrent_cache[slot] if has_state else None
-        o, state = self.run_kda(q, k, v, g[None], beta[None], initial, "chunk")
-        recurrent_cache[slot] = state.to(recurrent_cache.dtype)
-        return o[0]
+        conv_cache[slots] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
+        initial = torch.where(has_state.view(-1, 1, 1, 1), recurrent_cache[slots], 0)
+        o, state = self.run_kda(q, k, v, g, beta, initial, "chunk")
+        recurrent_cache[slots] = state.to(recurrent_cache.dtype)
+        return o
 
     def run_kda(self, q, k, v, g, beta, initial_state, mode: str):
         """q,k,v [B,T,H*K] after the short convolutions; g [B,T,H,K]; beta [B,T,H]."""
@@ -237,3 +239,10 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
 
     def convs(self):
         return self.q_conv1d, self.k_conv1d, self.v_conv1d
+
+
+def same_length_groups(requests: Iterable[int], starts: list[int]) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for r in requests:
+        groups.setdefault(starts[r + 1] - starts[r], []).append(r)
+    return list(groups.values())
