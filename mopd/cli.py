@@ -1,4 +1,4 @@
-"""The `mopd` command line: run | validate | export.
+"""The `mopd` command line: run | teachers | distill | bench | export | validate.
 
 User mistakes (a bad recipe, a missing checkpoint) print one clear line and exit with status 2;
 tracebacks are kept for real bugs.
@@ -15,12 +15,23 @@ from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
 USAGE_ERROR = 2
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Mistakes in what the user gave us: reported in one line, without a traceback."""
+    from mopd.distill.routing import RoutingError
+    from mopd.envs.data import TaskFileError
+    from mopd.pipeline import RunDirError
+    from mopd.rollout.engine import CheckpointError, PromptTooLongError
+
+    return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
+            RunDirError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (RecipeError, FileNotFoundError) as err:
+    except user_errors() as err:
         print(f"mopd {args.command}: error: {err}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
@@ -41,6 +52,37 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
     run.set_defaults(func=cmd_run)
 
+    teachers = sub.add_parser("teachers", help="train the recipe's teachers (all nine, or --only a subset)")
+    teachers.add_argument("recipe")
+    teachers.add_argument("overrides", nargs="*", help="KEY=VALUE overrides")
+    teachers.add_argument("--only", help="comma-separated cells, e.g. code-max,general-low")
+    teachers.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
+    teachers.set_defaults(func=cmd_teachers)
+
+    distill = sub.add_parser("distill", help="pair mode: distil one teacher into one student")
+    distill.add_argument("--teacher", required=True, help="HF causal LM sharing the student's tokenizer")
+    distill.add_argument("--student", required=True, help="K3 hybrid checkpoint")
+    distill.add_argument("--domain", choices=["general", "agent", "code"])
+    distill.add_argument("--effort", choices=["low", "high", "max"])
+    distill.add_argument("--data", help="JSONL or parquet task file instead of --domain/--effort")
+    distill.add_argument("--verifier", help="verifier name for --data (default: the domain's)")
+    distill.add_argument("--steps", type=int, default=30)
+    distill.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    distill.add_argument("--out", required=True, help="output directory (student checkpoints, metrics.jsonl)")
+    distill.set_defaults(func=cmd_distill)
+
+    bench = sub.add_parser("bench", help="benchmark checkpoints per domain × effort (report + plots)")
+    bench.add_argument("models", nargs="*", metavar="MODEL", help="checkpoint directories, or NAME=PATH")
+    bench.add_argument("--run", help="a run directory (runs/<recipe>): its base, teachers and student")
+    bench.add_argument("--suite", help="suite YAML (default: eval/tiny.yaml, or the run's recipe's)")
+    bench.add_argument("--efforts", help="comma-separated subset of the suite's efforts, e.g. low,max")
+    bench.add_argument("--domains", help="comma-separated subset of the suite's domains")
+    bench.add_argument("--n", type=int, help="tasks per cell and seed (overrides the suite)")
+    bench.add_argument("--samples", type=int, help="samples per task, k of mean@k / pass@k")
+    bench.add_argument("--out", help="report directory (default: runs/bench, or <run>/bench)")
+    bench.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm, or the run's)")
+    bench.set_defaults(func=cmd_bench)
+
     check = sub.add_parser("validate", help="check a recipe and its teacher specs without running anything")
     check.add_argument("recipe")
     check.add_argument("overrides", nargs="*", help="KEY=VALUE overrides")
@@ -52,6 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["kimi-linear"], default="kimi-linear")
     export.set_defaults(func=cmd_export)
     return parser
+
+
+def cmd_teachers(args: argparse.Namespace) -> int:
+    from mopd.rl.teachers import train_teachers
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    only = [cell.strip() for cell in args.only.split(",")] if args.only else None
+    run_dir = Path(args.out) if args.out else Path(recipe.runs_dir) / recipe.name
+    train_teachers(recipe, run_dir, only=only, recipe_dir=Path(args.recipe).parent)
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from mopd.distill.pair import distill_pair
+
+    student = distill_pair(
+        args.teacher, args.student, args.out, domain=args.domain, effort=args.effort,
+        data_file=args.data, verifier=args.verifier, backend=args.backend, steps=args.steps,
+    )  # fmt: skip
+    print(f"distilled student: {student}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from mopd.bench.run import bench_command
+
+    return bench_command(args)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -74,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     load_teacher_specs(recipe, Path(args.recipe).parent)
-    run_recipe(recipe, out=args.out)
+    run_recipe(recipe, out=args.out, recipe_dir=Path(args.recipe).parent)
     return 0
 
 

@@ -83,3 +83,60 @@ class Pipeline:
                 },
             },
         )
+
+
+# ----------------------------------------------------------------------------- the recipe's graph
+def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
+    """base → teachers → distill → bench, each hashed on the recipe fields it reads."""
+    from mopd.base.sft import build_base
+    from mopd.bench.run import run_bench_stage
+    from mopd.distill.trainer import run_distill
+    from mopd.recipe import load_teacher_specs, resolve_path
+    from mopd.rl.teachers import train_teachers
+
+    shared = {"seed": recipe.seed, "envs": recipe.envs, "efforts": recipe.model_dump(mode="json")["efforts"]}
+    specs = load_teacher_specs(recipe, recipe_dir)
+    suite = resolve_path(recipe.bench.suite, recipe_dir)
+
+    def teachers(ctx: StageContext) -> None:
+        train_teachers(ctx.recipe, ctx.run_dir, recipe_dir=recipe_dir)
+
+    return [
+        Stage("base", {**shared, "model": recipe.model.model_dump(), "base": recipe.base.model_dump()}, build_base),
+        Stage(
+            "teachers",
+            {**shared, "rollout": recipe.rollout, "specs": {c: s.model_dump() for c, s in specs.items()}},
+            teachers,
+            needs=("base",),
+        ),
+        Stage("distill", {**shared, "rollout": recipe.rollout, "distill": recipe.distill.model_dump()},
+              run_distill, needs=("base", "teachers")),
+        Stage("bench", {**shared, "bench": recipe.bench.model_dump(), "suite": suite.read_text()},
+              run_bench_stage, needs=("base", "teachers", "distill")),
+    ]
+
+
+def run_recipe(recipe: Recipe, out: str | Path | None = None, recipe_dir: Path | None = None) -> dict[str, str]:
+    run_dir = Path(out) if out else Path(recipe.runs_dir) / recipe.name
+    check_writable(run_dir)
+    outcome = Pipeline(recipe, run_dir, build_stages(recipe, recipe_dir)).run()
+    report = run_dir / "bench" / "report.md"
+    if report.is_file():
+        console.print(report.read_text())
+    console.print(f"[bold green]run complete[/bold green]: {run_dir}")
+    return outcome
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before any work when the run directory cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise RunDirError(f"run directory {run_dir} is not writable: {err.strerror or err}") from None
+
+
+class RunDirError(OSError):
+    """The run directory cannot be created or written."""
