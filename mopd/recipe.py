@@ -130,6 +130,7 @@ class DistillSpec(Strict):
     checkpoint_every: int = Field(5, gt=0)
     teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
     teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")
+    eval_tasks: int = Field(0, ge=0, description="held-out tasks per cell scored for student and teacher (eval.json)")
 
     @model_validator(mode="after")
     def _known_cells(self) -> DistillSpec:
@@ -141,9 +142,13 @@ class DistillSpec(Strict):
 
 # ----------------------------------------------------------------------------- bench / recipe
 class BenchSpec(Strict):
-    suite: str = "eval/tiny.yaml"
-    samples: int = Field(1, gt=0, description="samples per task (for mean@k / pass@k)")
-    temperature: float = Field(0.0, ge=0)
+    """The `bench` stage: the run's base, teachers (each on its own cell) and student on a suite."""
+
+    suite: str = Field("eval/tiny.yaml", description="benchmark suite YAML (held-out seeds, domains, efforts)")
+    n: int | None = Field(None, gt=0, description="tasks per cell and seed; null = the suite's")
+    samples: int | None = Field(None, gt=0, description="samples per task (k of mean@k / pass@k); null = the suite's")
+    temperature: float | None = Field(None, ge=0, description="null = the suite's")
+    backend: Literal["vllm", "hf"] | None = Field(None, description="rollout engine; null = the recipe's `rollout`")
 
 
 class RaySpec(Strict):

@@ -18,11 +18,12 @@ import yaml
 
 from mopd.bench import plots
 from mopd.bench.report import markdown
-from mopd.bench.run import ModelRef, bench_command, bench_run_dir, run_bench, run_models
+from mopd.bench.run import ModelRef, bench_command, bench_run_dir, run_bench, run_bench_stage, run_models
 from mopd.bench.suite import BenchError, SuiteError, check_held_out, load_suite, make_env, select
 from mopd.envs import get_env
 from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
+from mopd.pipeline import StageContext
 from mopd.recipe import ROOT, Recipe, load_recipe
 
 TINY_BUDGETS = {
@@ -361,3 +362,23 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
     assert "| cell | base | teacher | student |" in text
     with pytest.raises(BenchError, match=r"no recipe\.json"):
         bench_run_dir(tmp_path / "not_a_run")
+
+
+def test_pipeline_stage_benchmarks_its_inputs_into_the_stage_dir(tmp_path, checkpoints, suite_file):
+    recipe = Recipe(
+        name="unit", efforts=TINY_BUDGETS, bench={"suite": str(suite_file), "n": 1, "backend": "hf"}
+    )
+    run = fake_run(tmp_path / "run", checkpoints[0], recipe)
+    (run / "manifest.json").unlink()  # inside a pipeline the stage's inputs name the directories
+    inputs = {
+        "base": run / "base",
+        "teachers/general-low": run / "teachers/general-low",
+        "mopd": run / "mopd",
+    }
+    run_bench_stage(StageContext(recipe, run, run / "bench", inputs))
+    report = json.loads((run / "bench" / "report.json").read_text())
+    assert [(m["name"], m["role"]) for m in report["models"]] == [
+        ("base", "base"), ("general-low", "teacher"), ("student", "student"),
+    ]  # fmt: skip
+    assert {r["tasks"] for r in report["results"]} == {1}
+    assert report["backend"] == "hf" and (run / "bench" / "report.md").is_file()

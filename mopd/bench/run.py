@@ -39,7 +39,7 @@ from mopd.artifacts import read_json
 from mopd.bench.suite import BenchError, Suite, check_held_out, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
-from mopd.recipe import Recipe
+from mopd.recipe import Recipe, validate
 from mopd.rollout.engine import CheckpointError, load_k3_config
 from mopd.rollout.episodes import Rollout, run_rollouts
 
@@ -119,12 +119,14 @@ def bench_run_dir(
     recipe_file = run_dir / "recipe.json"
     if not recipe_file.is_file():
         raise BenchError(f"--run {run_dir}: no recipe.json; is it a run directory (runs/<recipe>)?")
-    recipe = Recipe.model_validate(read_json(recipe_file))
-    options.setdefault("suite", recipe.bench.suite)
-    options.setdefault("samples", recipe.bench.samples)
+    recipe = validate(Recipe, read_json(recipe_file), source=str(recipe_file))
+    spec = recipe.bench
+    options = {"suite": spec.suite, "n": spec.n, "samples": spec.samples, "temperature": spec.temperature} | {
+        key: value for key, value in options.items() if value is not None
+    }
     return run_bench(
-        run_models(run_dir), out=out if out is not None else run_dir / "bench", backend=backend or recipe.rollout,
-        recipe=recipe, **options,
+        run_models(run_dir), out=out if out is not None else run_dir / "bench",
+        backend=backend or spec.backend or recipe.rollout, recipe=recipe, **options,
     )  # fmt: skip
 
 
@@ -133,7 +135,7 @@ def run_bench_stage(ctx) -> None:
     spec = ctx.recipe.bench
     run_bench(
         run_models(ctx.run_dir, ctx.inputs), suite=spec.suite, n=spec.n, samples=spec.samples, out=ctx.dir,
-        backend=ctx.recipe.rollout, recipe=ctx.recipe, temperature=spec.temperature,
+        backend=spec.backend or ctx.recipe.rollout, recipe=ctx.recipe, temperature=spec.temperature,
     )  # fmt: skip
 
 
@@ -157,6 +159,23 @@ def bench_command(args) -> int:
         )
     console.print(f"wrote {report['out']}/report.md, report.json and plots")
     return 0
+
+
+def add_bench_parser(subparsers) -> None:
+    """The `mopd bench` subcommand (the CLI calls this with its subparsers)."""
+    bench = subparsers.add_parser("bench", help="benchmark checkpoints per domain × effort (report + plots)")
+    bench.add_argument("models", nargs="*", metavar="MODEL", help="checkpoint directories, or NAME=PATH")
+    bench.add_argument("--run", help="a run directory (runs/<recipe>): its base, teachers and student")
+    bench.add_argument("--suite", help=f"suite YAML (default: {DEFAULT_SUITE}, or the run's recipe's)")
+    bench.add_argument("--efforts", help="comma-separated subset of the suite's efforts, e.g. low,max")
+    bench.add_argument("--domains", help="comma-separated subset of the suite's domains")
+    bench.add_argument("--n", type=int, help="tasks per cell and seed (overrides the suite)")
+    bench.add_argument("--samples", type=int, help="samples per task, k of mean@k / pass@k")
+    bench.add_argument("--out", help="report directory (default: runs/bench, or <run>/bench)")
+    bench.add_argument(
+        "--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm, or the run's)"
+    )
+    bench.set_defaults(func=bench_command)
 
 
 def split_list(value: str | Sequence[str] | None) -> list[str]:
@@ -215,13 +234,13 @@ def recipe_of(refs: list[ModelRef]) -> Recipe:
     for ref in refs:
         for parent in [ref.path, *ref.path.resolve().parents]:
             if (parent / "recipe.json").is_file():
-                return Recipe.model_validate(read_json(parent / "recipe.json"))
+                return validate(Recipe, read_json(parent / "recipe.json"), source=str(parent / "recipe.json"))
     return Recipe(name="bench")
 
 
 def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:
     """The base, the teachers (each on its own cell) and the student of a run directory."""
-    stages = dict(inputs or {}) or {name: run_dir / name for name in stage_names(run_dir)}
+    stages = {name: run_dir / name for name in finished_stages(run_dir)} | dict(inputs or {})
     refs = []
     if "base" in stages:
         refs.append(ModelRef("base", base_dir(stages["base"]), "base"))
@@ -232,14 +251,12 @@ def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[
         if name in stages:
             refs.append(ModelRef("student", checkpoint_in(stages[name]), "student"))
     if not refs:
-        raise BenchError(f"{run_dir}: no base, teacher or student stage found")
+        raise BenchError(f"{run_dir}: no finished base, teacher or student stage (see its manifest.json)")
     return refs
 
 
-def stage_names(run_dir: Path) -> list[str]:
-    manifest = read_json(run_dir / "manifest.json")
-    if manifest is None:
-        raise BenchError(f"--run {run_dir}: no manifest.json; has the run started?")
+def finished_stages(run_dir: Path) -> list[str]:
+    manifest = read_json(run_dir / "manifest.json", default={"stages": {}})
     return [name for name, stage in manifest["stages"].items() if stage.get("status") in ("done", "skipped")]
 
 
@@ -273,6 +290,7 @@ def evaluate(
 
     from mopd.rollout.engine import create_engine
 
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # one engine per model: keep the bar readable
     total = sum(len(cell.tasks) * suite.samples for ref in refs for cell in cells_of(ref, cells))
     results = []
     with progress_bar(progress) as bar:
