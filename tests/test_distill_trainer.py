@@ -97,3 +97,20 @@ def test_mopd_steps_log_per_teacher_metrics_sync_weights_and_resume(setup):
     assert records[2]["policy_version"] == 2
     trained = torch.load(Path(out / "checkpoints/step-000003/optimizer.pt"), weights_only=True)
     assert trained["state"][0]["step"] == 3  # the optimizer state carried across the resume
+
+
+def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup):
+    from mopd.distill.trainer import run_distill
+    from mopd.pipeline import StageContext
+    from mopd.recipe import Recipe
+
+    root, student, teachers = setup
+    distill = DistillSpec(mix={"general-low": 1.0}, steps=1, prompts_per_step=2, teacher_actors=False, eval_tasks=2)
+    recipe = Recipe(name="t", rollout="hf", efforts=SHORT, envs=EASY, distill=distill)
+    inputs = {"base": student, "teachers/general-low": teachers["general-low"]}
+    run_distill(StageContext(recipe, root / "stage", root / "stage" / "distill", inputs))
+    out = root / "stage" / "distill"
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer_config.json").is_file()
+    scores = json.loads((out / "eval.json").read_text())["general-low"]
+    assert scores["student"]["rollouts"] == scores["teacher"]["rollouts"] == 2
+    assert scores["student_over_teacher"] >= 0

@@ -52,19 +52,24 @@ def sft_on_cell(
     batch_size: int = 16, learning_rate: float = 3e-3, seed: int = 0,
 ) -> Path:  # fmt: skip
     """`init` trained `steps` supervised steps on the expert transcripts of `cell`, saved to `out`."""
+    domain, effort = cell.split("-")
+    env = get_env(domain, **(env_options or {}).get(domain, {}))
+    tasks = env.sample(batch_size * 8, seed, "train", effort)
+    return sft_on_tasks(init, out, tasks, env.solve, steps, batch_size, learning_rate, seed)
+
+
+def sft_on_tasks(init: Path, out: Path, tasks, solve, steps: int, batch_size=16, learning_rate=3e-3, seed=0) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import mopd.model  # noqa: F401
 
-    domain, effort = cell.split("-")
-    env = get_env(domain, **(env_options or {}).get(domain, {}))
     tokenizer = AutoTokenizer.from_pretrained(init)
     model = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    examples = [expert_example(env, task, tokenizer) for task in env.sample(batch_size * 8, seed, "train", effort)]
+    examples = [expert_example(task, solve(task), tokenizer) for task in tasks]
     rng = random.Random(seed)
     for _ in range(steps):
-        input_ids, labels = pad_examples(rng.sample(examples, batch_size), model.config.pad_token_id or 0)
+        input_ids, labels = pad_examples(rng.sample(examples, min(batch_size, len(examples))), model.config.pad_token_id or 0)
         loss = model(input_ids=input_ids, labels=labels, use_cache=False).loss
         optimizer.zero_grad()
         loss.backward()
@@ -75,8 +80,18 @@ def sft_on_cell(
     return out
 
 
-def expert_example(env, task, tokenizer) -> tuple[list[int], list[int]]:
-    solution = env.solve(task)
+def echo_rows(n: int, seed: int) -> list[dict]:
+    """Task-file rows of a skill a tiny model learns in a few dozen steps: repeat a number."""
+    rng = random.Random(seed)
+    numbers = [rng.randrange(10, 1000) for _ in range(n)]
+    return [{"id": f"echo-{seed}-{i}", "prompt": f"Repeat {x}.", "answer": str(x)} for i, x in enumerate(numbers)]
+
+
+def echo_solution(task) -> str:
+    return f"<think></think>{task.meta['answer']}"
+
+
+def expert_example(task, solution, tokenizer) -> tuple[list[int], list[int]]:
     turns = solution if isinstance(solution, list) else [{"role": "assistant", "content": solution}]
     return tokenize_segments(tokenizer, render_turns(task.prompt, turns, task.effort, task.meta.get("system")))
 

@@ -47,17 +47,41 @@ class StalenessError(RuntimeError):
 
 # ----------------------------------------------------------------------------- the stage
 def run_distill(ctx) -> None:
-    """Pipeline stage: the recipe's student (the base by default) distilled from its teachers."""
+    """Pipeline stage: the recipe's student (the base by default) distilled from its teachers, then
+    scored on every cell's held-out tasks beside its teacher (`eval.json`)."""
     recipe, spec = ctx.recipe, ctx.recipe.distill
-    student = spec.student or checkpoint_in(ctx.inputs.get("base", ctx.run_dir / "base"))
+    base = recipe.base.checkpoint or ctx.inputs.get("base", ctx.run_dir / "base")
+    student = spec.student or checkpoint_in(base)
     teachers = {
         cell: spec.teachers.get(cell) or checkpoint_in(ctx.inputs.get(f"teachers/{cell}", ctx.run_dir / "teachers" / cell))
         for cell in spec.mix
+        if spec.mix[cell] > 0
     }
-    train_mopd(
+    final = train_mopd(
         student, teachers, spec, ctx.dir,
         efforts=recipe.efforts, env_options=recipe.envs, backend=recipe.rollout, seed=recipe.seed,
     )  # fmt: skip
+    if spec.eval_tasks:
+        write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
+
+
+def held_out_comparison(recipe, student: Path, teachers: Mapping[str, str | Path]) -> dict:
+    """Per cell: the student's held-out reward and thinking tokens beside its teacher's."""
+    from mopd.recipe import TeacherSpec
+    from mopd.rl.evaluate import evaluate_cell
+
+    spec, out = recipe.distill, {}
+    envs = {d: get_env(d, **recipe.envs.get(d, {})) for d in {cell.split("-")[0] for cell in teachers}}
+    for cell, teacher in teachers.items():
+        domain, effort = cell.split("-")
+        cell_spec = TeacherSpec(domain=domain, effort=effort, eval_tasks=spec.eval_tasks, eval_samples=1)
+        scores = {
+            name: evaluate_cell(Path(path), cell_spec, recipe, envs[domain], recipe.efforts[effort], recipe.rollout)
+            for name, path in (("student", student), ("teacher", teacher))
+        }
+        scores["student_over_teacher"] = scores["student"]["reward"] / max(scores["teacher"]["reward"], 1e-9)
+        out[cell] = scores
+    return out
 
 
 def checkpoint_in(stage_dir: str | Path) -> Path:
