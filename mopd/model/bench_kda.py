@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from mopd.model.kda import chunk_kda, kda_gate, l2norm, recurrent_kda
+from mopd.model.kda import CHUNK_SIZE, chunk_kda, kda_gate, l2norm, recurrent_kda
 
 CONFIGS = [
     {"name": "tiny", "heads": 2, "head_dim": 64, "gate": "k3"},
@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--seq-len and --reps must be positive")
 
     results = [bench_config(cfg, args.seq_len, args.reps) for cfg in CONFIGS]
-    report = {"seq_len": args.seq_len, "batch": 1, "reps": args.reps, "machine": machine(), "results": results}
+    report = {
+        "seq_len": args.seq_len, "batch": 1, "chunk_size": CHUNK_SIZE, "reps": args.reps,
+        "machine": machine(), "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for r in results:

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from mopd.model.config import K3HybridConfig
 
-SUB_CHUNK = 16  # tokens; decays inside a chunk are factored at sub-chunk starts
+CHUNK_SIZE = 32  # on CPU 32 beats fla's 64: the intra-chunk work grows with the chunk size
+SUB_CHUNK = 16  # tokens; decays inside a chunk are factored at sub-chunk boundaries
 SAFE_EXPONENT = 80.0  # exp(80) ~ 5.5e34 stays well inside fp32
 
 
@@ -90,7 +91,7 @@ def chunk_kda(
     scale: float | None = None,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
-    chunk_size: int = 64,
+    chunk_size: int = CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked KDA, same contract and result as `recurrent_kda` (any T: the tail chunk is padded).
 
