@@ -164,6 +164,25 @@ def test_left_padding_leaves_the_state_at_zero():
     assert torch.equal(state_padded.conv, state.conv)
 
 
+@pytest.mark.parametrize("linear_attn", [{}, KIMI_GATE], ids=["k3", "kimi_linear"])
+def test_reset_kda_parameters_initialises_decays_and_keeps_loaded_weights(linear_attn):
+    layer, _ = make_layer(**linear_attn)
+    rate = layer.A_log.exp()
+    assert ((rate >= 1) & (rate <= 16)).all() and rate.unique().numel() == layer.num_heads
+    if layer.lower_bound is None:  # softplus(dt_bias) = dt in [1e-3, 1e-1]
+        dt = torch.nn.functional.softplus(layer.dt_bias)
+        assert ((dt > 0.999e-3) & (dt < 1.001e-1)).all()
+    else:
+        assert torch.equal(layer.dt_bias, torch.zeros_like(layer.dt_bias))
+
+    loaded = {name: p.detach().clone() for name, p in layer.named_parameters()}
+    for p in layer.parameters():
+        p._is_hf_initialized = True  # what transformers sets on weights read from a checkpoint
+    layer.reset_kda_parameters()
+    for name, p in layer.named_parameters():
+        assert torch.equal(p, loaded[name]), name
+
+
 def test_positive_gate_lower_bound_is_rejected():
     with pytest.raises(ValueError, match="gate_lower_bound"):
         make_layer(gate_lower_bound=2.0)

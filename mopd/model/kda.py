@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import initialization as init
 
 from mopd.model.config import K3HybridConfig
 
@@ -94,6 +95,7 @@ def chunk_kda(
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked KDA, same contract and result as `recurrent_kda` (any T: the tail chunk is padded).
+    g must be a decay (g <= 0), as both gates produce.
 
     Inside a chunk, with G = cumsum(g) and u the corrected values the delta rule writes,
     (I + A) u = beta*v - beta*(exp(G)*k) S0 where A[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd), j < i.
@@ -112,13 +114,15 @@ def chunk_kda(
     decay_in = g.cumsum(dim=-2)  # chunk start -> token i, inclusive
     decay_out = _suffix_sum(g)  # token i (exclusive) -> chunk end
 
+    from_chunk_start = decay_in.exp()
+
     scores_k, scores_q = _intra_chunk_scores(q, k, g)
-    W, U = _wy_representation(scores_k, k * decay_in.exp(), v, beta)
+    W, U = _wy_representation(scores_k, k * from_chunk_start, v, beta)
     states, corrected_values, final_state = _pass_state_across_chunks(
-        W, U, k * decay_out.exp(), decay_in[..., -1, :].exp(), state
+        W, U, k * decay_out.exp(), from_chunk_start[..., -1, :], state
     )
 
-    o = (q * decay_in.exp()) @ states + scores_q @ corrected_values  # [B,H,N,C,V]
+    o = (q * from_chunk_start) @ states + scores_q @ corrected_values  # [B,H,N,C,V]
     o = o.flatten(2, 3)[:, :, :seq_len].transpose(1, 2).to(out_dtype)
     return o, final_state if output_final_state else None
 
@@ -171,11 +175,11 @@ def _intra_chunk_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor
 
     factor_own_sub_chunk = bool(-sub_chunk_decay.min() <= SAFE_EXPONENT)
     middle = torch.einsum("ijs,...sk->...ijk", _strictly_between(n_sub, dtype, k.device), sub_chunk_decay)
-    own = torch.eye(n_sub, dtype=torch.bool, device=k.device).unsqueeze(-1)
     if factor_own_sub_chunk:
+        own = torch.eye(n_sub, dtype=torch.bool, device=k.device).unsqueeze(-1)
         middle = middle - own * sub_chunk_decay.unsqueeze(-2)
-    earlier = torch.ones(n_sub, n_sub, dtype=torch.bool, device=k.device).tril(-1 + factor_own_sub_chunk)
-    middle = middle.masked_fill(~earlier.unsqueeze(-1), -torch.inf)  # [..,S_I,S_J,K]
+    covered = torch.ones(n_sub, n_sub, dtype=torch.bool, device=k.device).tril(0 if factor_own_sub_chunk else -1)
+    middle = middle.masked_fill(~covered.unsqueeze(-1), -torch.inf)  # [..,S_I,S_J,K]
     keys = (middle.exp().unsqueeze(-2) * k_to_end.unsqueeze(-4)).flatten(-3, -2).transpose(-1, -2)  # [..,S_I,K,C]
 
     exact_own = None if factor_own_sub_chunk else k_sub.unsqueeze(-3) * _pair_decay(g_sub).exp()
@@ -359,18 +363,21 @@ class KimiDeltaAttention(nn.Module):
 
     @torch.no_grad()
     def reset_kda_parameters(self) -> None:
-        """Init of the decay parameters, which a generic Linear/Norm init must not overwrite.
+        """Init of the parameters a generic Linear/Norm init does not cover: call it from
+        `PreTrainedModel._init_weights`. Like transformers' inits it skips parameters already loaded
+        from a checkpoint (`_is_hf_initialized`).
 
         A_log = log U(1, 16) (fla, torchtitan K3). dt_bias: 0 for K3's bounded gate (torchtitan);
         for the Kimi Linear gate, softplus^-1 of dt ~ logU(1e-3, 1e-1) (fla, transformers).
         """
-        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+        init.copy_(self.A_log, init.uniform_(self.A_log, a=1.0, b=16.0).log())
         if self.lower_bound is None:
-            dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            init.uniform_(self.dt_bias, a=math.log(1e-3), b=math.log(1e-1))
+            dt = self.dt_bias.exp().clamp_min(1e-4)
+            init.copy_(self.dt_bias, dt + torch.log(-torch.expm1(-dt)))
         else:
-            self.dt_bias.zero_()
-        self.o_norm.reset_parameters()
+            init.zeros_(self.dt_bias)
+        init.ones_(self.o_norm.weight)
 
     def forward(
         self,
@@ -404,15 +411,17 @@ class KimiDeltaAttention(nn.Module):
         return out, KDAState(conv_cache, recurrent) if use_cache else None
 
     def _short_convolutions(self, x: Tensor, conv_cache: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        caches = [None] * 3 if conv_cache is None else conv_cache.chunk(3, dim=1)
-        if x.shape[1] == 1 and conv_cache is not None:
-            stepped = [conv.step(p(x)[:, 0], c) for conv, p, c in zip(convs, self._qkv_projs(), caches)]
-            outs = [(y.unsqueeze(1), c) for y, c in stepped]
-        else:
-            outs = [conv(p(x), c) for conv, p, c in zip(convs, self._qkv_projs(), caches)]
-        (q, q_c), (k, k_c), (v, v_c) = outs
-        return q, k, v, torch.cat([q_c, k_c, v_c], dim=1)
-
-    def _qkv_projs(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        return self.q_proj, self.k_proj, self.v_proj
+        """SiLU(ShortConv(W x)) for q, k and v; conv_cache packs their three caches along channels."""
+        branches = ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d), (self.v_proj, self.v_conv1d))
+        caches = (None,) * 3 if conv_cache is None else conv_cache.chunk(3, dim=1)
+        outputs, new_caches = [], []
+        for (proj, conv), cache in zip(branches, caches):
+            if x.shape[1] == 1 and cache is not None:
+                y, cache = conv.step(proj(x)[:, 0], cache)
+                y = y.unsqueeze(1)
+            else:
+                y, cache = conv(proj(x), cache)
+            outputs.append(y)
+            new_caches.append(cache)
+        q, k, v = outputs
+        return q, k, v, torch.cat(new_caches, dim=1)
