@@ -42,13 +42,18 @@ def train_teachers(
         for cell, spec in specs.items()
         if not is_finished(teacher_dir(run_dir, cell), spec, recipe)
     }
+    inits = {cell: init_dir(spec, recipe, run_dir) for cell, spec in todo.items()}  # checked before any work
     if todo:
-        start_ray(recipe)
-        refs = {
-            cell: start_teacher(recipe, spec, init_dir(spec, recipe, run_dir), teacher_dir(run_dir, cell))
-            for cell, spec in todo.items()
-        }
-        wait_with_progress(refs, {cell: spec.steps for cell, spec in todo.items()}, run_dir)
+        started = start_ray(recipe)
+        try:
+            refs = {
+                cell: start_teacher(recipe, spec, inits[cell], teacher_dir(run_dir, cell))
+                for cell, spec in todo.items()
+            }
+            wait_with_progress(refs, {cell: spec.steps for cell, spec in todo.items()}, run_dir)
+        finally:
+            if started:
+                ray.shutdown()
     return {cell: read_json(teacher_dir(run_dir, cell) / "teacher.json") for cell in specs}
 
 
@@ -93,15 +98,18 @@ def init_dir(spec, recipe: Recipe, run_dir: Path) -> Path:
     return path
 
 
-def start_ray(recipe: Recipe) -> None:
-    if not ray.is_initialized():
-        ray.init(
-            address=recipe.ray.address,
-            num_cpus=recipe.ray.num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+def start_ray(recipe: Recipe) -> bool:
+    """Connect to (or start) Ray as the recipe says; True when this call started it."""
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=recipe.ray.address,
+        num_cpus=recipe.ray.num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    return True
 
 
 def start_teacher(recipe: Recipe, spec, init: Path, out_dir: Path):

@@ -1,0 +1,92 @@
+"""Benchmark: seconds of one teacher-RL step, split into generate / verify / train, as JSON.
+
+    python -m mopd.rl.bench --recipe recipes/tiny.yaml --base runs/tiny/base --out runs/bench/rl_step.json
+
+Each cell trains `--steps` GRPO steps in-process (no Ray) at the recipe's batch size
+(prompts_per_step × group_size) from the given base; the JSON holds, per cell, the median of
+each part over the steps after the first (which pays start-up costs), their shares of the step,
+and a description of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from statistics import median
+
+import torch
+
+from mopd.artifacts import MetricsLog, write_json_atomic
+from mopd.base.sft import check_checkpoint
+from mopd.recipe import load_recipe, load_teacher_specs
+from mopd.rl.grpo import train_teacher
+
+PARTS = ("generate", "verify", "train")
+
+
+def bench_cell(spec, recipe, base: Path, steps: int) -> dict:
+    spec = spec.model_copy(update={"steps": steps, "checkpoint_every": steps})
+    with tempfile.TemporaryDirectory(prefix=f"rl-bench-{spec.cell}-") as out:
+        train_teacher(spec, recipe, base, Path(out))
+        rows = (
+            MetricsLog(Path(out) / "metrics.jsonl").records()[1:]
+            or MetricsLog(Path(out) / "metrics.jsonl").records()
+        )
+    seconds = {part: median(r[f"time_{part}"] for r in rows) for part in PARTS}
+    total = sum(seconds.values())
+    return {
+        "batch": {
+            "prompts": spec.prompts_per_step,
+            "group_size": spec.group_size,
+            "rollouts": spec.prompts_per_step * spec.group_size,
+        },
+        "median_seconds": {**seconds, "step": total},
+        "share": {part: seconds[part] / total for part in PARTS},
+        "steps_measured": len(rows),
+        "median_tokens_per_rollout": median(r["thinking_tokens"] + r["answer_tokens"] for r in rows),
+    }
+
+
+def machine() -> dict:
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--recipe", default="recipes/tiny.yaml")
+    parser.add_argument("--base", required=True, help="HF checkpoint the teachers start from (a run's base)")
+    parser.add_argument("--cells", default="general-low,general-max", help="comma-separated teacher cells")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per cell (the first is not counted)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides KEY=VALUE")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipe = load_recipe(args.recipe, args.overrides)
+    check_checkpoint(Path(args.base), "--base")
+    specs = load_teacher_specs(recipe, Path(args.recipe).parent)
+    unknown = [c for c in args.cells.split(",") if c not in specs]
+    if unknown:
+        parser.error(f"--cells: {unknown} are not teacher cells of {args.recipe} ({', '.join(specs)})")
+    cells = {
+        cell: bench_cell(specs[cell], recipe, Path(args.base), args.steps) for cell in args.cells.split(",")
+    }
+    report = {"recipe": recipe.name, "rollout": recipe.rollout, "cells": cells, "machine": machine()}
+    write_json_atomic(args.out, report)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
