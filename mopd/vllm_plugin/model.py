@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
@@ -188,7 +189,8 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
             self.attend_cached(x, g, beta, o, metadata[self.prefix])
 
         gate = self.g_proj(x) if self.use_full_rank_gate else self.g_b_proj(self.g_a_proj(x))
-        o = self.o_norm(o) * torch.sigmoid(gate.float().view(heads))
+        o = F.rms_norm(o, (self.head_dim,), self.o_norm.weight.float(), self.o_norm.eps)
+        o = o * torch.sigmoid(gate.float().view(heads))
         return self.o_proj(o.flatten(-2).to(x.dtype))
 
     def attend_cached(self, x, g, beta, out, m: GDNAttentionMetadata) -> None:
@@ -209,21 +211,18 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
 
     def decode_step(self, x, g, beta, slots, conv_cache, recurrent_cache) -> torch.Tensor:
         """One new token for each of B requests, batched: x [B,D] -> o [B,H,V]."""
-        conv_tails = conv_cache[slots].chunk(3, dim=1)
-        stepped = [conv.step(proj(x), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
-        (q, q_tail), (k, k_tail), (v, v_tail) = stepped
-        conv_cache[slots] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
-        o, state = self.run_kda(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], recurrent_cache[slots], "recurrent")
+        q, k, v, conv_tails = self._short_convolutions(x[:, None], conv_cache[slots])
+        conv_cache[slots] = conv_tails.to(conv_cache.dtype)
+        o, state = self.run_kda(q, k, v, g[:, None], beta[:, None], recurrent_cache[slots], "recurrent")
         recurrent_cache[slots] = state.to(recurrent_cache.dtype)
         return o[:, 0]
 
     def prefill(self, x, g, beta, slots, has_state, conv_cache, recurrent_cache) -> torch.Tensor:
         """T tokens for each of B requests: x [B,T,D] -> o [B,T,H,V]. A request without a cached
         state starts from zeros, which is what the HF layer does at the start of a sequence."""
-        conv_tails = torch.where(has_state.view(-1, 1, 1), conv_cache[slots], 0).chunk(3, dim=1)
-        convolved = [conv(proj(x), tail) for conv, proj, tail in zip(self.convs(), self._qkv_projs(), conv_tails)]
-        (q, q_tail), (k, k_tail), (v, v_tail) = convolved
-        conv_cache[slots] = torch.cat([q_tail, k_tail, v_tail], dim=1).to(conv_cache.dtype)
+        conv_tails = torch.where(has_state.view(-1, 1, 1), conv_cache[slots], 0)
+        q, k, v, conv_tails = self._short_convolutions(x, conv_tails)
+        conv_cache[slots] = conv_tails.to(conv_cache.dtype)
         initial = torch.where(has_state.view(-1, 1, 1, 1), recurrent_cache[slots], 0)
         o, state = self.run_kda(q, k, v, g, beta, initial, "chunk")
         recurrent_cache[slots] = state.to(recurrent_cache.dtype)
@@ -236,9 +235,6 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
             l2norm(q.float().view(heads)), l2norm(k.float().view(heads)), v.view(heads), g, beta,
             initial_state=initial_state, output_final_state=True, mode=mode,
         )
-
-    def convs(self):
-        return self.q_conv1d, self.k_conv1d, self.v_conv1d
 
 
 def same_length_groups(requests: Iterable[int], starts: list[int]) -> list[list[int]]:
