@@ -328,24 +328,23 @@ def test_plots_have_labelled_axes_and_legends(command_out):
 # ----------------------------------------------------------------------------- a recipe run
 def fake_run(root: Path, checkpoint: Path, recipe: Recipe) -> Path:
     """A finished run directory laid out as the pipeline writes it (one checkpoint everywhere)."""
-    stages = {"base": root / "base", "teachers/general-low": root / "teachers/general-low",
-              "teachers/code-max": root / "teachers/code-max", "mopd": root / "mopd" / "model"}  # fmt: skip
-    for path in stages.values():
-        shutil.copytree(checkpoint, path)
+    for stage in ("base", "teachers/general-low", "teachers/code-max", "distill/model"):
+        shutil.copytree(checkpoint, root / stage)
     (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
-    manifest = {"recipe": recipe.name, "stages": {name: {"hash": "x", "status": "done"} for name in stages}}
-    (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
 
 def test_run_models_finds_base_teachers_and_student(tmp_path, checkpoints):
     run = fake_run(tmp_path / "run", checkpoints[0], tiny_recipe())
+    (run / "teachers" / "agent-max").mkdir()  # an unfinished teacher: no checkpoint yet
     refs = run_models(run)
     assert [(r.name, r.role, r.cell) for r in refs] == [
-        ("base", "base", None), ("code-max", "teacher", "code-max"),
-        ("general-low", "teacher", "general-low"), ("student", "student", None),
+        ("base", "base", None), ("general-low", "teacher", "general-low"),
+        ("code-max", "teacher", "code-max"), ("student", "student", None),
     ]  # fmt: skip
-    assert refs[-1] == ModelRef("student", run / "mopd" / "model", "student")
+    assert refs[-1] == ModelRef("student", run / "distill" / "model", "student")
+    with pytest.raises(BenchError, match="no base, teacher or student checkpoint"):
+        run_models(tmp_path)
 
 
 def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpoints, suite_file):
@@ -366,20 +365,18 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
 
 def test_pipeline_stage_benchmarks_its_inputs_into_the_stage_dir(tmp_path, checkpoints):
     one_cell = write_suite(tmp_path / "one_cell.yaml", {**SUITE, "efforts": ["low"]})
-    recipe = Recipe(
-        name="unit", efforts=TINY_BUDGETS, bench={"suite": str(one_cell), "n": 1, "backend": "hf"}
-    )
-    run = fake_run(tmp_path / "run", checkpoints[0], recipe)
-    (run / "manifest.json").unlink()  # inside a pipeline the stage's inputs name the directories
-    inputs = {
-        "base": run / "base",
-        "teachers/general-low": run / "teachers/general-low",
-        "mopd": run / "mopd",
-    }
-    run_bench_stage(StageContext(recipe, run, run / "bench", inputs))
-    report = json.loads((run / "bench" / "report.json").read_text())
+    bench = {"suite": str(one_cell), "n": 1, "backend": "hf"}
+    recipe = Recipe(name="unit", efforts=TINY_BUDGETS, bench=bench)
+    stages = fake_run(
+        tmp_path / "stages", checkpoints[0], recipe
+    )  # the stage reads its inputs, wherever they are
+    inputs = {name: stages / name for name in ("base", "teachers", "distill")}
+    run_dir = tmp_path / "run"
+    run_bench_stage(StageContext(recipe, run_dir, run_dir / "bench", inputs))
+    report = json.loads((run_dir / "bench" / "report.json").read_text())
     assert [(m["name"], m["role"]) for m in report["models"]] == [
-        ("base", "base"), ("general-low", "teacher"), ("student", "student"),
+        ("base", "base"), ("general-low", "teacher"), ("code-max", "teacher"), ("student", "student"),
     ]  # fmt: skip
-    assert {r["tasks"] for r in report["results"]} == {1}
-    assert report["backend"] == "hf" and (run / "bench" / "report.md").is_file()
+    evaluated = [(r["model"], r["domain"], r["effort"], r["tasks"]) for r in report["results"]]
+    assert evaluated == [(name, "general", "low", 1) for name in ("base", "general-low", "student")]
+    assert report["backend"] == "hf" and (run_dir / "bench" / "report.md").is_file()

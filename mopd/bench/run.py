@@ -39,7 +39,7 @@ from mopd.artifacts import read_json
 from mopd.bench.suite import BenchError, Suite, check_held_out, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
-from mopd.recipe import Recipe, validate
+from mopd.recipe import CELLS, Recipe, validate
 from mopd.rollout.engine import CheckpointError, load_k3_config
 from mopd.rollout.episodes import Rollout, run_rollouts
 
@@ -239,25 +239,20 @@ def recipe_of(refs: list[ModelRef]) -> Recipe:
 
 
 def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:
-    """The base, the teachers (each on its own cell) and the student of a run directory."""
-    stages = {name: run_dir / name for name in finished_stages(run_dir)} | dict(inputs or {})
-    refs = []
-    if "base" in stages:
-        refs.append(ModelRef("base", base_dir(stages["base"]), "base"))
-    for name in sorted(s for s in stages if s.startswith("teachers/")):
-        cell = name.removeprefix("teachers/")
-        refs.append(ModelRef(cell, checkpoint_in(stages[name]), "teacher", cell))
-    for name in ("mopd", "distill"):
-        if name in stages:
-            refs.append(ModelRef("student", checkpoint_in(stages[name]), "student"))
+    """A run's finished checkpoints: base, teachers/<cell> (each benchmarked on its own cell), distill/model."""
+    dirs = {"base": run_dir / "base", "teachers": run_dir / "teachers", "distill": run_dir / "distill"}
+    dirs |= {name: Path(path) for name, path in (inputs or {}).items()}
+    candidates = [
+        ModelRef("base", base_dir(dirs["base"]), "base"),
+        *(ModelRef(cell, dirs["teachers"] / cell, "teacher", cell) for cell in CELLS),
+        ModelRef("student", checkpoint_in(dirs["distill"]), "student"),
+    ]
+    refs = [ref for ref in candidates if (ref.path / "config.json").is_file()]
     if not refs:
-        raise BenchError(f"{run_dir}: no finished base, teacher or student stage (see its manifest.json)")
+        raise BenchError(
+            f"{run_dir}: no base, teacher or student checkpoint (base/, teachers/<cell>/, distill/model/)"
+        )
     return refs
-
-
-def finished_stages(run_dir: Path) -> list[str]:
-    manifest = read_json(run_dir / "manifest.json", default={"stages": {}})
-    return [name for name, stage in manifest["stages"].items() if stage.get("status") in ("done", "skipped")]
 
 
 def base_dir(stage_dir: Path) -> Path:
