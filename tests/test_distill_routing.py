@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mopd.distill.routing import RoutingError, build_route_table, check_teachers
-from mopd.envs.tokenizer import build_tiny_tokenizer, build_tokenizer
+from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 
 
@@ -21,8 +21,8 @@ def save_checkpoint(path, tokenizer, seed=0, **overrides):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tiny_tokenizer(domains=["general"], tasks_per_cell=20)
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

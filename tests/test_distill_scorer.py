@@ -5,15 +5,14 @@ import torch
 
 from mopd.distill.routing import build_route_table
 from mopd.distill.scorer import TeacherPool, TeacherScorer, token_budget_batches
-from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.rollout.engine import create_engine
 
 
 @pytest.fixture(scope="module")
-def teachers(tmp_path_factory):
+def teachers(tmp_path_factory, tiny_tokenizer):
     root = tmp_path_factory.mktemp("teachers")
-    tokenizer = build_tiny_tokenizer(domains=["general"], tasks_per_cell=20)
+    tokenizer = tiny_tokenizer
     paths = {}
     for seed, name in enumerate(["a", "b"]):
         torch.manual_seed(seed)

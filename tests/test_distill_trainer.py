@@ -12,7 +12,6 @@ from mopd.distill.scorer import TeacherScorer
 from mopd.distill.trainer import StalenessError, Student, check_staleness, collate, train_mopd
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
-from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
@@ -23,9 +22,9 @@ EASY = {"general": {"families": ["add"], "add_digits": [1, 1]}}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_tokenizer):
     root = tmp_path_factory.mktemp("mopd")
-    tokenizer = build_tiny_tokenizer(domains=["general"], tasks_per_cell=20)
+    tokenizer = tiny_tokenizer
     torch.manual_seed(0)
     K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tokenizer))).save_pretrained(root / "student")
     tokenizer.save_pretrained(root / "student")
