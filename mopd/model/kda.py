@@ -111,7 +111,7 @@ def chunk_kda(
     q = q * scale
     # Log decays are always sums of g over the span they cover, never differences of two prefix
     # sums: at |sum| ~ 100 such a difference loses ~1e-5 in fp32.
-    decay_in = g.cumsum(dim=-2)  # chunk start -> token i, inclusive
+    decay_in = _prefix_sum(g)  # chunk start -> token i, inclusive
     decay_out = _suffix_sum(g)  # token i (exclusive) -> chunk end
 
     from_chunk_start = decay_in.exp()
@@ -148,10 +148,16 @@ def _split_chunks(x: Tensor, chunk_size: int) -> Tensor:
     return x.unflatten(2, (-1, chunk_size))
 
 
+def _prefix_sum(g: Tensor) -> Tensor:
+    """sum of g[t] over t <= i along dim -2 (a matmul: on CPU faster than cumsum for short spans)."""
+    n = g.shape[-2]
+    return torch.ones(n, n, dtype=g.dtype, device=g.device).tril() @ g
+
+
 def _suffix_sum(g: Tensor) -> Tensor:
     """sum of g[t] over t > i along dim -2."""
-    after = F.pad(g[..., 1:, :], (0, 0, 0, 1))
-    return after.flip(-2).cumsum(dim=-2).flip(-2)
+    n = g.shape[-2]
+    return torch.ones(n, n, dtype=g.dtype, device=g.device).triu(1) @ g
 
 
 def _intra_chunk_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
@@ -169,7 +175,7 @@ def _intra_chunk_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor
     sub = math.gcd(chunk, SUB_CHUNK)
     n_sub = chunk // sub
     g_sub, k_sub = g.unflatten(-2, (-1, sub)), k.unflatten(-2, (-1, sub))  # [B,H,N,S,sub,K]
-    from_start = g_sub.cumsum(dim=-2).exp()
+    from_start = _prefix_sum(g_sub).exp()
     k_to_end = k_sub * _suffix_sum(g_sub).exp()
     sub_chunk_decay = g_sub.sum(dim=-2)  # [..,S,K]
 
@@ -234,14 +240,20 @@ def _pass_state_across_chunks(
     Returns the state entering each chunk [B,H,N,K,V], the corrected values u [B,H,N,C,V], and
     the state after the last chunk.
     """
-    entering, corrected = [], []
+    batch, heads = state.shape[:2]
+    # (B,H) folded into one batch dim for baddbmm, which fuses each product with its sum
     per_chunk = (W, U, k_to_end.transpose(-1, -2), chunk_decay.unsqueeze(-1))
-    for W_n, U_n, k_n, decay_n in zip(*(x.unbind(2) for x in per_chunk)):
+    per_chunk = [x.flatten(0, 1).unbind(1) for x in per_chunk]
+    state = state.flatten(0, 1)
+    entering, corrected = [], []
+    for W_n, U_n, k_n, decay_n in zip(*per_chunk):
         entering.append(state)
-        u = U_n - W_n @ state
+        u = torch.baddbmm(U_n, W_n, state, alpha=-1)
         corrected.append(u)
-        state = decay_n * state + k_n @ u
-    return torch.stack(entering, dim=2), torch.stack(corrected, dim=2), state
+        state = torch.baddbmm(decay_n * state, k_n, u)
+    heads_back = (0, (batch, heads))
+    entering, corrected = torch.stack(entering, dim=1), torch.stack(corrected, dim=1)
+    return entering.unflatten(*heads_back), corrected.unflatten(*heads_back), state.unflatten(*heads_back)
 
 
 @functools.cache
