@@ -237,12 +237,17 @@ def test_bad_suite_or_flags_fail_before_sampling(tmp_path, checkpoints, no_sampl
 
 # ----------------------------------------------------------------------------- benchmarking
 def test_temperature_zero_gives_the_same_scores(tmp_path, checkpoints, suite_file):
-    """Two engines on one checkpoint sample identically; another checkpoint samples differently."""
+    """One checkpoint always samples the same tokens; another checkpoint samples different ones."""
     models = [f"first={checkpoints[0]}", f"again={checkpoints[0]}", f"other={checkpoints[1]}"]
     report = run_bench(models, suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False)
     outcome = {name: scores(report, name) for name in ("first", "again", "other")}
     assert outcome["first"] == outcome["again"]
     assert outcome["first"] != outcome["other"]
+    # "again" and "other" were swapped into the first engine (update_weights); a fresh engine agrees
+    fresh = run_bench(
+        [f"other={checkpoints[1]}"], suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False
+    )
+    assert scores(fresh, "other") == outcome["other"]
     rows = [r for r in report["results"] if r["model"] == "first"]
     assert [(r["domain"], r["effort"], r["tasks"]) for r in rows] == [
         ("general", "low", 2),

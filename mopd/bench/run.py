@@ -5,8 +5,9 @@
     run_bench_stage(ctx)                                                   the pipeline's `bench` stage
 
 Everything a user can get wrong (a suite, a checkpoint, a flag) is checked before the first
-engine starts. Then each model gets one rollout engine and answers every cell's tasks through
-the shared episode loop (`run_rollouts`), which verifies and shapes each answer. A cell's tasks
+engine starts. Then each model answers its cells' tasks through the shared episode loop
+(`run_rollouts`), which verifies and shapes each answer. Models that differ only in weights
+share one engine: the next one's weights are swapped in (`update_weights`) instead of restarting. A cell's tasks
 go to the engine together (or in batches of `batch_tasks`): a request's latency is the wall time
 of the call that served it, throughput the generated tokens over that time.
 """
@@ -35,7 +36,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mopd.artifacts import read_json
+from mopd.artifacts import config_hash, read_json
 from mopd.bench.suite import BenchError, Suite, check_held_out, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
@@ -283,16 +284,16 @@ def evaluate(
 ):
     from transformers import AutoTokenizer
 
-    from mopd.rollout.engine import create_engine
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # one engine per model: keep the bar readable
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # engine logs would break up the progress bar
+    refs = [ref for ref in refs if cells_of(ref, cells)]
     total = sum(len(cell.tasks) * suite.samples for ref in refs for cell in cells_of(ref, cells))
+    engines = EngineCache(backend)
     results = []
     with progress_bar(progress) as bar:
         task = bar.add_task("bench", total=total)
-        for ref in [ref for ref in refs if cells_of(ref, cells)]:
+        for ref in refs:
             bar.update(task, description=f"{ref.name}: loading")
-            engine = create_engine(ref.path, backend=backend)
+            engine = engines.load(ref.path)
             tokenizer = AutoTokenizer.from_pretrained(ref.path)
             for cell in cells_of(ref, cells):
                 bar.update(task, description=f"{ref.name}: {cell.name}")
@@ -301,9 +302,54 @@ def evaluate(
                 )
                 metrics = cell_metrics(groups, latencies, wall, budgets[cell.effort])
                 results.append({"model": ref.name, "domain": cell.domain, "effort": cell.effort, **metrics})
-            del engine
-            gc.collect()
     return results
+
+
+class EngineCache:
+    """One engine at a time. A checkpoint with the same architecture and tensor names as the loaded one
+    is swapped in with `update_weights` (a run's base, teachers and student all are): starting a vLLM
+    engine costs far more than copying a tiny model's weights."""
+
+    def __init__(self, backend: str):
+        self.backend, self.engine, self.signature = backend, None, None
+
+    def load(self, path: Path):
+        from mopd.rollout.engine import create_engine
+
+        signature = checkpoint_signature(path)
+        if self.engine is not None and signature == self.signature:
+            self.engine.update_weights(checkpoint_weights(path))
+            return self.engine
+        self.engine = None
+        gc.collect()
+        self.engine, self.signature = create_engine(path, backend=self.backend), signature
+        return self.engine
+
+
+def checkpoint_signature(path: Path) -> str:
+    """Equal for checkpoints that differ in weight values only."""
+    from safetensors import safe_open
+
+    config = {
+        k: v
+        for k, v in read_json(path / "config.json").items()
+        if k not in ("_name_or_path", "transformers_version")
+    }
+    names = []
+    for weights in sorted(path.glob("*.safetensors")):
+        with safe_open(weights, "pt") as f:
+            names += f.keys()
+    return config_hash(config, sorted(names))
+
+
+def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {
+        name: tensor
+        for weights in sorted(path.glob("*.safetensors"))
+        for name, tensor in load_file(weights).items()
+    }
 
 
 def progress_bar(enabled: bool) -> Progress:
