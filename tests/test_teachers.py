@@ -1,0 +1,169 @@
+"""Teacher RL: GRPO on TRL with our rollout loop, per-step metrics, and Ray actors that survive a kill."""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from mopd.base import build_base
+from mopd.envs import get_env
+from mopd.envs.chat import END
+from mopd.envs.effort import default_effort_specs
+from mopd.pipeline import StageContext
+from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
+from mopd.rl.grpo import GroupRollouts, last_checkpoint, train_teacher
+from mopd.rl.teachers import select_cells, train_teachers
+from mopd.rollout.engine import CheckpointError, Sample
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_SFT = "base.sft={examples: 60, steps: 3, batch_size: 8, mix: {general: 1.0}}"
+LOGGED = {
+    "reward",
+    "pass_rate",
+    "thinking_tokens",
+    "answer_tokens",
+    "over_budget_rate",
+    "kl_init",
+    "entropy",
+    "time_generate",
+    "time_verify",
+    "time_train",
+}
+
+
+def smoke_recipe(*overrides):
+    return load_recipe(ROOT / "recipes/smoke.yaml", [BASE_SFT, "rollout=hf", *overrides])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    build_base(StageContext(smoke_recipe(), run, run / "base"))
+    return run
+
+
+def metric_steps(folder: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_path):
+    recipe = smoke_recipe(
+        "teachers.common={steps: 2, prompts_per_step: 2, group_size: 2, checkpoint_every: 1}"
+    )
+    spec = load_teacher_specs(recipe)["general-high"]
+    train_teacher(spec, recipe, run_dir / "base", tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row.keys() >= LOGGED, LOGGED - row.keys()
+        assert 0.0 <= row["pass_rate"] <= 1.0 and row["time_generate"] > 0 and row["time_train"] > 0
+    assert abs(rows[0]["kl_init"]) < 1e-3  # step 1 samples from the initial weights themselves
+    assert last_checkpoint(tmp_path / "checkpoints").endswith("checkpoint-2")
+    assert AutoTokenizer.from_pretrained(tmp_path).chat_template is not None
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+class ExpertEngine:
+    """Replays the expert's assistant turns as sampled tokens (log-prob −0.5 each)."""
+
+    policy_version = 0
+
+    def __init__(self, tokenizer, scripts):
+        self.tokenizer, self.scripts = tokenizer, scripts
+
+    def generate(self, prompt_ids, n=1, sampling=None):
+        out = []
+        for ids in prompt_ids:
+            text = self.tokenizer.decode(ids)
+            turns = next(turns for prompt, turns in self.scripts.items() if prompt in text)
+            tokens = self.tokenizer.encode(
+                turns[text.count("<|observation|>")] + END, add_special_tokens=False
+            )
+            out.append([Sample(tokens, [-0.5] * len(tokens), "stop", self.policy_version)])
+        return out
+
+    def score(self, prompt_ids, completion_ids):
+        return [[-0.75] * len(c) for c in completion_ids]
+
+    def update_weights(self, state_dict):
+        self.policy_version += 1
+        return self.policy_version
+
+
+def test_rollout_func_masks_observations_and_reports_the_batch(run_dir):
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "base")
+    env = get_env("agent")
+    task = env.sample(1, seed=1, split="train", effort="high")[0]
+    turns = [t["content"] for t in env.solve(task) if t["role"] == "assistant"]
+    engine = ExpertEngine(tokenizer, {task.prompt: turns})
+    rollouts = GroupRollouts(engine, engine, tokenizer, env, default_effort_specs(), {task.id: task}, 1.0)
+    trainer = type("Trainer", (), {"state": type("State", (), {"global_step": 0}), "model": None})
+    trainer.model = type("Model", (), {"state_dict": lambda self: {}})()
+    out = rollouts([task.id, task.id], trainer)
+    assert engine.policy_version == 1  # the trainer's weights were pushed before sampling
+    assert out["reward"] == [1.0, 1.0] and len(out["completion_ids"]) == 2
+    for ids, mask, logprobs in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
+        generated = [t for t, m in zip(ids, mask) if m]
+        assert generated == [
+            t for turn in turns for t in tokenizer.encode(turn + END, add_special_tokens=False)
+        ]
+        assert 0 in mask and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    stats = out["stats"]
+    assert stats["pass_rate"] == 1.0 and stats["kl_init"] == pytest.approx(0.25)
+    assert rollouts.seconds["verify"] > 0 and rollouts.seconds["generate"] > 0
+
+
+def test_a_killed_teacher_resumes_from_its_last_checkpoint(run_dir):
+    recipe = smoke_recipe(
+        "ray.num_cpus=2",
+        "teachers.common={steps: 4, prompts_per_step: 1, group_size: 2, checkpoint_every: 2, eval_tasks: 2,"
+        " eval_samples: 1, max_restarts: 2, resources: {num_cpus: 1}}",
+    )
+    folder = run_dir / "teachers" / "general-low"
+    killed, finished = {}, threading.Event()
+
+    def kill_after_the_first_checkpoint():
+        while not killed and not finished.is_set():
+            steps = metric_steps(folder) if (folder / "metrics.jsonl").is_file() else []
+            checkpoint = last_checkpoint(folder / "checkpoints")
+            if checkpoint and steps and steps[-1] >= 3:
+                attempt = json.loads((folder / "attempts.jsonl").read_text().splitlines()[-1])
+                killed.update(pid=attempt["pid"], checkpoint=checkpoint, steps=steps)
+                os.kill(attempt["pid"], signal.SIGKILL)
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
+    killer.start()
+    try:
+        result = train_teachers(recipe, run_dir, only=["general-low"])
+    finally:
+        finished.set()
+        killer.join()
+    assert killed, "the teacher finished before it could be killed"
+    attempts = [json.loads(line) for line in (folder / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) == 2 and attempts[0]["pid"] == killed["pid"] != attempts[1]["pid"]
+    checkpointed = int(killed["checkpoint"].rsplit("-", 1)[1])
+    assert attempts[1]["resumed_from"] >= checkpointed >= 2  # nothing before the last checkpoint is redone
+    assert metric_steps(folder) == [1, 2, 3, 4]  # no gaps, no duplicates
+    teacher = result["general-low"]
+    assert teacher["steps"] == 4 and {"base", "teacher", "margin"} <= teacher.keys()
+    assert (folder / "model.safetensors").is_file() and not (folder / "checkpoints").exists()
+
+    again = train_teachers(recipe, run_dir, only=["general-low"])  # finished: skipped, nothing restarts
+    assert again == result and len((folder / "attempts.jsonl").read_text().splitlines()) == 2
+
+
+def test_bad_cells_specs_and_bases_are_clear_errors(run_dir, tmp_path):
+    recipe = smoke_recipe()
+    specs = load_teacher_specs(recipe)
+    with pytest.raises(RecipeError, match="unknown cells"):
+        select_cells(specs, ["code-mx"])
+    with pytest.raises(RecipeError, match="unknown field `stpes`"):
+        load_teacher_specs(smoke_recipe("teachers.general-low.stpes=3"))
+    with pytest.raises(CheckpointError, match=str(tmp_path)):
+        train_teachers(recipe, tmp_path, only=["general-low"])
