@@ -66,3 +66,14 @@ def test_pair_distillation_lowers_the_kl_and_raises_the_reward_toward_the_teache
     assert fmean(kl[-third:]) < 0.85 * fmean(kl[:third])
     assert after > before + 0.1
     assert after <= teacher_reward + 0.1  # toward the teacher, not past it (reward scale 1)
+
+
+def test_pair_command_reports_a_missing_teacher_in_one_line(cell, capsys):
+    from mopd.distill.pair import main
+
+    root, data, base, _ = cell
+    argv = ["distill", "--teacher", str(root / "no-teacher"), "--student", str(base), "--out", str(root / "x"), "--data", str(data)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mopd distill: error: teacher of general-low checkpoint") and "no-teacher does not exist" in err
+    assert not (root / "x").exists()

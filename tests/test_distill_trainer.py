@@ -113,3 +113,17 @@ def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup
     scores = json.loads((out / "eval.json").read_text())["general-low"]
     assert scores["student"]["rollouts"] == scores["teacher"]["rollouts"] == 2
     assert scores["student_over_teacher"] >= 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"full_vocab_kl": True, "orm_alpha": 0.5},
+        {"reward_scale": 2.0, "importance": {"mode": "tis", "low": 0.5, "high": 2.0}},
+    ],
+)
+def test_loss_options_train_and_log(setup, options):
+    final = run(setup, f"options-{len(options)}-{next(iter(options))}", steps=1, **options)
+    (record,) = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert torch.isfinite(torch.tensor([record["loss"], record["grad_norm"]])).all()
+    assert record["grad_norm"] > 0
