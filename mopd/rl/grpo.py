@@ -55,8 +55,14 @@ def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | No
     resumed_from = checkpoint_step(checkpoint)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     metrics.resume_after(resumed_from)
+    model = K3HybridForCausalLM.from_pretrained(init_dir)
+    if spec.kl_beta > 0 and getattr(model.config, "auto_map", None) is None:
+        raise ValueError(
+            f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
+            "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
+        )
     trainer = GRPOTrainer(
-        model=K3HybridForCausalLM.from_pretrained(init_dir),
+        model=model,
         reward_funcs=shaped_reward,
         args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
         train_dataset=Dataset.from_dict({"prompt": [task.id for task in tasks]}),
