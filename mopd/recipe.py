@@ -130,6 +130,7 @@ class DistillSpec(Strict):
     checkpoint_every: int = Field(5, gt=0)
     teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
     teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")
+    teacher_num_gpus: float = Field(0.0, ge=0, description="GPUs per teacher actor (used when the recipe runs on cuda)")
     eval_tasks: int = Field(0, ge=0, description="held-out tasks per cell scored for student and teacher (eval.json)")
 
     @model_validator(mode="after")

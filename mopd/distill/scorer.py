@@ -28,7 +28,10 @@ class TeacherScores:
 
 
 class TeacherScorer:
-    def __init__(self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0):
+    def __init__(
+        self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0,
+        device: str = "cpu",
+    ):  # fmt: skip
         from transformers import AutoModelForCausalLM
 
         import mopd.model  # noqa: F401  (registers the K3 hybrid with the Auto classes)
@@ -36,7 +39,8 @@ class TeacherScorer:
         if threads:
             torch.set_num_threads(threads)
         self.checkpoint = str(checkpoint)
-        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval().to(self.device)
         self.pad_id = self.model.config.pad_token_id or 0
         self.max_batch_tokens = max_batch_tokens
         self.tokens_scored = 0
@@ -53,7 +57,7 @@ class TeacherScorer:
             logprobs = self.next_token_logprobs([sequences[i] for i in batch])
             for row, i in enumerate(batch):
                 start, n = len(prompt_ids[i]) - 1, len(completion_ids[i])
-                positions = logprobs[row, start : start + n]
+                positions = logprobs[row, start : start + n].cpu()
                 out[i] = completion_scores(positions, torch.tensor(completion_ids[i]), top_k, full)
         self.tokens_scored += sum(len(c) for c in completion_ids)
         return out  # type: ignore[return-value]
@@ -61,7 +65,7 @@ class TeacherScorer:
     def next_token_logprobs(self, sequences: list[list[int]]) -> torch.Tensor:
         """[B, T, V] log-softmax at each position; right padding is invisible to a causal model."""
         width = max(len(s) for s in sequences)
-        batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences])
+        batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences], device=self.device)
         logits = self.model(input_ids=batch, use_cache=False).logits
         return torch.log_softmax(logits.float(), dim=-1)
 
@@ -90,7 +94,9 @@ def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[li
 class TeacherPool:
     """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher."""
 
-    def __init__(self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, threads: int = 1):
+    def __init__(
+        self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1
+    ):
         self.table = table
         self.use_ray = use_ray
         if use_ray:
@@ -98,10 +104,12 @@ class TeacherPool:
 
             if not ray.is_initialized():
                 ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            actor = ray.remote(num_cpus=num_cpus)(TeacherScorer)
-            self.scorers = {path: actor.remote(path, threads=threads) for path in table.teachers}
+            actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
+            device = "cuda" if num_gpus > 0 else "cpu"
+            self.scorers = {path: actor.remote(path, threads=threads, device=device) for path in table.teachers}
         else:
-            self.scorers = {path: TeacherScorer(path) for path in table.teachers}
+            device = "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
+            self.scorers = {path: TeacherScorer(path, device=device) for path in table.teachers}
 
     def score(
         self, cells: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False

@@ -60,6 +60,7 @@ def run_distill(ctx) -> None:
     final = train_mopd(
         student, teachers, spec, ctx.dir,
         efforts=recipe.efforts, env_options=recipe.envs, backend=recipe.rollout, seed=recipe.seed,
+        device=recipe.device,
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
@@ -103,6 +104,7 @@ def train_mopd(
     tasks: list[Task] | None = None,
     backend: str = "vllm",
     seed: int = 0,
+    device: str = "auto",
     progress: bool = True,
 ) -> Path:
     """Distil the teachers into the student; returns the final student checkpoint (`out_dir/model`)."""
@@ -111,9 +113,10 @@ def train_mopd(
     check_teachers(table, student_dir)
 
     start_step, start_dir = last_checkpoint(out_dir)
-    student = Student.load(start_dir or Path(student_dir), spec, reference_dir=Path(student_dir))
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    student = Student.load(start_dir or Path(student_dir), spec, reference_dir=Path(student_dir), device=device)
     engine = create_engine(start_dir or student_dir, backend=backend)
-    teachers = TeacherPool(table, use_ray=spec.teacher_actors, num_cpus=spec.teacher_num_cpus)
+    teachers = TeacherPool(table, spec.teacher_actors, spec.teacher_num_cpus, spec.teacher_num_gpus if device == "cuda" else 0)
     source = task_source(table, spec, seed, env_options or {}, tasks)
     envs = envs_for(table, env_options or {}, tasks)
     log = MetricsLog(out_dir / "metrics.jsonl")
@@ -225,6 +228,9 @@ class Batch:
     rollout_logprobs: torch.Tensor  # [B, T]
     teacher_logprobs: torch.Tensor  # [B, T]
 
+    def to(self, device) -> Batch:
+        return Batch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
+
 
 class Student:
     """The trained copy of the student: model, tokenizer, optimizer, and the MOPD train step."""
@@ -233,18 +239,18 @@ class Student:
         self.model, self.tokenizer, self.optimizer, self.spec, self.reference = model, tokenizer, optimizer, spec, reference
 
     @classmethod
-    def load(cls, model_dir: Path, spec: DistillSpec, reference_dir: Path) -> Student:
+    def load(cls, model_dir: Path, spec: DistillSpec, reference_dir: Path, device: str = "cpu") -> Student:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         import mopd.model  # noqa: F401  (registers the K3 hybrid)
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train().to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
         if (model_dir / "optimizer.pt").is_file():
-            optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True, map_location=device))
         reference = None
         if spec.reward_scale != 1.0:  # ExOPD measures the teacher's gain against the initial student
-            reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
+            reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(device)
         return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
 
     def save(self, path: Path) -> None:
@@ -253,7 +259,7 @@ class Student:
 
     def train_step(self, rollouts: list[Rollout], scores: list[TeacherScores], cells: list[str]) -> dict:
         spec = self.spec
-        batch = collate(rollouts, scores, self.model.config.pad_token_id or 0)
+        batch = collate(rollouts, scores, self.model.config.pad_token_id or 0).to(self.model.device)
         logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         reference = None
@@ -263,13 +269,13 @@ class Student:
             reference = torch.log_softmax(ref_logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         loss_args = dict(
             importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
-            orm_advantages=orm_advantages(rollouts, cells), orm_alpha=spec.orm_alpha,
+            orm_advantages=orm_advantages(rollouts, cells).to(batch.mask.device), orm_alpha=spec.orm_alpha,
             reference_logprobs=reference, reward_scale=spec.reward_scale,
         )  # fmt: skip
         out = mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args)
         loss = out.loss
         if spec.full_vocab_kl:  # the exact KL replaces the sampled-token estimate; the ORM term stays
-            teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1])
+            teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
             outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **loss_args)
             loss = full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss
         self.optimizer.zero_grad(set_to_none=True)
@@ -347,7 +353,7 @@ def per_cell_metrics(rollouts, cells, train_logprobs, batch: Batch, spec: Distil
     )
     out: dict[str, float] = {}
     for cell in sorted(set(cells)):
-        rows = torch.tensor([i for i, c in enumerate(cells) if c == cell])
+        rows = torch.tensor([i for i, c in enumerate(cells) if c == cell], device=train_logprobs.device)
         tokens = token_metrics(
             train_logprobs[rows], batch.rollout_logprobs[rows], batch.teacher_logprobs[rows], batch.mask[rows], out_of_bounds[rows]
         )
