@@ -1,6 +1,6 @@
 """Benchmark: chunked vs recurrent pure-torch KDA on CPU, side by side in one run.
 
-    python -m mopd.model.bench_kda --out runs/bench_kda.json [--seq-len 2048] [--reps 5]
+    python -m mopd.model.bench_kda --out runs/bench_kda.json [--seq-len 2048] [--reps 5] [--threads 1]
 
 For each head config, the two kernels run alternately on the same inputs (so both see the same
 machine load); the JSON holds their median wall and CPU times, the speed-up ratio, the largest
@@ -34,9 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--reps", type=int, default=5, help="timed runs per kernel (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
-    if args.seq_len < 1 or args.reps < 1:
-        parser.error("--seq-len and --reps must be positive")
+    if args.seq_len < 1 or args.reps < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--seq-len, --reps and --threads must be positive")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     results = [bench_config(cfg, args.seq_len, args.reps) for cfg in CONFIGS]
     report = {
