@@ -106,7 +106,7 @@ def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup
     root, student, teachers = setup
     distill = DistillSpec(mix={"general-low": 1.0}, steps=1, prompts_per_step=2, teacher_actors=False, eval_tasks=2)
     recipe = Recipe(name="t", rollout="hf", efforts=SHORT, envs=EASY, distill=distill)
-    inputs = {"base": student, "teachers/general-low": teachers["general-low"]}
+    inputs = {"base": student, "teachers": teachers["general-low"].parent}  # teachers/<cell>/ checkpoints
     run_distill(StageContext(recipe, root / "stage", root / "stage" / "distill", inputs))
     out = root / "stage" / "distill"
     assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer_config.json").is_file()

@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--actors", action="store_true", help="teachers as Ray actors (default: in-process)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="mopd-bench-") as tmp:
         work = Path(tmp)

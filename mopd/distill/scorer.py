@@ -95,15 +95,16 @@ class TeacherPool:
     """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher."""
 
     def __init__(
-        self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1
-    ):
+        self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1,
+        ray_address: str | None = None,
+    ):  # fmt: skip
         self.table = table
         self.use_ray = use_ray
         if use_ray:
             import ray
 
             if not ray.is_initialized():
-                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
             device = "cuda" if num_gpus > 0 else "cpu"
             self.scorers = {path: actor.remote(path, threads=threads, device=device) for path in table.teachers}

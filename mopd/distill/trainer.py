@@ -52,15 +52,14 @@ def run_distill(ctx) -> None:
     recipe, spec = ctx.recipe, ctx.recipe.distill
     base = recipe.base.checkpoint or ctx.inputs.get("base", ctx.run_dir / "base")
     student = spec.student or checkpoint_in(base)
+    teachers_dir = Path(ctx.inputs.get("teachers", ctx.run_dir / "teachers"))
     teachers = {
-        cell: spec.teachers.get(cell) or checkpoint_in(ctx.inputs.get(f"teachers/{cell}", ctx.run_dir / "teachers" / cell))
-        for cell in spec.mix
-        if spec.mix[cell] > 0
+        cell: spec.teachers.get(cell) or checkpoint_in(teachers_dir / cell) for cell in spec.mix if spec.mix[cell] > 0
     }
     final = train_mopd(
         student, teachers, spec, ctx.dir,
         efforts=recipe.efforts, env_options=recipe.envs, backend=recipe.rollout, seed=recipe.seed,
-        device=recipe.device,
+        device=recipe.device, ray_address=recipe.ray.address,
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
@@ -105,6 +104,7 @@ def train_mopd(
     backend: str = "vllm",
     seed: int = 0,
     device: str = "auto",
+    ray_address: str | None = None,
     progress: bool = True,
 ) -> Path:
     """Distil the teachers into the student; returns the final student checkpoint (`out_dir/model`)."""
@@ -116,7 +116,8 @@ def train_mopd(
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     student = Student.load(start_dir or Path(student_dir), spec, reference_dir=Path(student_dir), device=device)
     engine = create_engine(start_dir or student_dir, backend=backend)
-    teachers = TeacherPool(table, spec.teacher_actors, spec.teacher_num_cpus, spec.teacher_num_gpus if device == "cuda" else 0)
+    teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
+    teachers = TeacherPool(table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus, ray_address=ray_address)
     source = task_source(table, spec, seed, env_options or {}, tasks)
     envs = envs_for(table, env_options or {}, tasks)
     log = MetricsLog(out_dir / "metrics.jsonl")
