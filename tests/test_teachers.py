@@ -17,7 +17,7 @@ from mopd.envs.effort import default_effort_specs
 from mopd.pipeline import StageContext
 from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
 from mopd.rl.grpo import GroupRollouts, last_checkpoint, train_teacher
-from mopd.rl.teachers import select_cells, train_teachers
+from mopd.rl.teachers import is_finished, select_cells, spec_hash, train_teachers
 from mopd.rollout.engine import CheckpointError, Sample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,3 +167,16 @@ def test_bad_cells_specs_and_bases_are_clear_errors(run_dir, tmp_path):
         load_teacher_specs(smoke_recipe("teachers.general-low.stpes=3"))
     with pytest.raises(CheckpointError, match=str(tmp_path)):
         train_teachers(recipe, tmp_path, only=["general-low"])
+
+
+def test_a_teacher_is_redone_when_its_spec_or_base_changes(run_dir, tmp_path):
+    recipe = smoke_recipe()
+    spec = load_teacher_specs(recipe)["code-max"]
+    digest = spec_hash(spec, recipe, run_dir / "base")
+    assert digest != spec_hash(spec.model_copy(update={"steps": 3}), recipe, run_dir / "base")
+    assert digest != spec_hash(spec, recipe, tmp_path)  # another initial checkpoint
+    folder = tmp_path / "code-max"
+    assert not is_finished(folder, digest)
+    (folder / "teacher.json").write_text("{}")
+    assert is_finished(folder, digest)
+    assert not is_finished(folder, "another") and not (folder / "teacher.json").exists()

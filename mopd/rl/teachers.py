@@ -37,12 +37,12 @@ def train_teachers(
     """Train the recipe's teachers (or the `only` subset) in parallel Ray actors; returns cell → teacher.json."""
     run_dir = Path(run_dir)
     specs = select_cells(load_teacher_specs(recipe, recipe_dir), only)
+    inits = {cell: init_dir(spec, recipe, run_dir) for cell, spec in specs.items()}  # checked before any work
     todo = {
         cell: spec
         for cell, spec in specs.items()
-        if not is_finished(teacher_dir(run_dir, cell), spec, recipe)
+        if not is_finished(teacher_dir(run_dir, cell), spec_hash(spec, recipe, inits[cell]))
     }
-    inits = {cell: init_dir(spec, recipe, run_dir) for cell, spec in todo.items()}  # checked before any work
     if todo:
         started = start_ray(recipe)
         try:
@@ -73,22 +73,25 @@ def teacher_dir(run_dir: Path, cell: str) -> Path:
     return run_dir / "teachers" / cell
 
 
-def spec_hash(spec, recipe: Recipe) -> str:
+def spec_hash(spec, recipe: Recipe, init: Path) -> str:
+    """What a teacher depends on: its spec, effort, env options, seed, backend and its initial weights."""
+    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in init.glob("*.safetensors"))
     return config_hash(
         spec.model_dump(mode="json"),
         recipe.efforts[spec.effort].model_dump(),
         recipe.envs,
         recipe.seed,
         recipe.rollout,
+        str(init.resolve()),
+        weights,
     )
 
 
-def is_finished(out_dir: Path, spec, recipe: Recipe) -> bool:
-    """Finished for this very spec; a directory left by another spec is cleared for a fresh start."""
-    digest = spec_hash(spec, recipe)
+def is_finished(out_dir: Path, digest: str) -> bool:
+    """Finished for this very hash; a directory left by another spec or base is cleared for a fresh start."""
     if (read_json(out_dir / "spec.json", default={}) or {}).get("spec_hash") != digest:
         shutil.rmtree(out_dir, ignore_errors=True)
-        write_json_atomic(out_dir / "spec.json", {"spec_hash": digest, **spec.model_dump(mode="json")})
+        write_json_atomic(out_dir / "spec.json", {"spec_hash": digest})
     return (out_dir / "teacher.json").is_file()
 
 
@@ -141,7 +144,7 @@ class TeacherActor:
         train_teacher(self.spec, self.recipe, self.init, self.out_dir)
         summary = {
             "spec": self.spec.cell,
-            "spec_hash": spec_hash(self.spec, self.recipe),
+            "spec_hash": spec_hash(self.spec, self.recipe, self.init),
             "init": str(self.init),
             "steps": self.spec.steps,
             **self.held_out_scores(),
