@@ -91,6 +91,8 @@ class K3HybridPreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
     _is_stateful = True
+    # K3 checkpoints store a layer-0 attention-side AttnRes query that can never be used (one source)
+    _keys_to_ignore_on_load_unexpected = [r"layers\.0\.self_attention_res_(norm|proj)\."]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
