@@ -105,6 +105,9 @@ def start_ray(recipe: Recipe) -> bool:
     """Connect to (or start) Ray as the recipe says; True when this call started it."""
     if ray.is_initialized():
         return False
+    # Ray starts workers at nice 15; here the actors are the job itself, so on a shared box they
+    # would starve behind every other process.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(
         address=recipe.ray.address,
         num_cpus=recipe.ray.num_cpus,
