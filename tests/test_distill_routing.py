@@ -95,6 +95,12 @@ def test_missing_and_unreadable_teacher_checkpoints_are_clear_errors(checkpoints
     with pytest.raises(RoutingError, match=r"unreadable weights model\.safetensors"):
         check_teachers(table, checkpoints["student"])
 
+    shutil.copy(checkpoints["teacher"] / "model.safetensors", torn)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (torn / name).unlink()
+    with pytest.raises(RoutingError, match=r"torn has no tokenizer \(tokenizer\.json\)"):
+        check_teachers(table, checkpoints["student"])
+
     (torn / "config.json").write_text("{not json")
     with pytest.raises(RoutingError, match=r"unreadable config\.json"):
         check_teachers(table, checkpoints["student"])

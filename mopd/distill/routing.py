@@ -115,6 +115,8 @@ def check_weights_readable(path: Path, role: str) -> None:
 def load_tokenizer(path: Path, role: str):
     from transformers import AutoTokenizer
 
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise RoutingError(f"{role} checkpoint {path} has no tokenizer (tokenizer.json); save it beside the model")
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
