@@ -84,6 +84,8 @@ def test_moe_load_is_counted_per_step_and_the_bias_moves():
     assert model.moe_load_stats() == {}
     assert any(router.e_score_correction_bias.abs().sum() > 0 for router in model.routers().values())
 
+    with torch.no_grad():
+        model(ids)  # e.g. old-policy log-probs in train mode
     model.eval()
     model(ids)
-    assert model.moe_load_stats() == {}, "inference must not count load"
+    assert model.moe_load_stats() == {}, "only forwards that train count load"

@@ -75,7 +75,7 @@ class Router(nn.Module):
         weights = scores.gather(1, indices)
         if self.renormalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        if self.training:
+        if self.training and torch.is_grad_enabled():  # the tokens this optimizer step learns from
             self.record_load(scores.detach(), indices, token_mask)
         return weights * self.scaling, indices
 
