@@ -113,7 +113,6 @@ def chunk_kda(
     # sums: at |sum| ~ 100 such a difference loses ~1e-5 in fp32.
     decay_in = _prefix_sum(g)  # chunk start -> token i, inclusive
     decay_out = _suffix_sum(g)  # token i (exclusive) -> chunk end
-
     from_chunk_start = _exp_decay(decay_in)
 
     scores_k, scores_q = _intra_chunk_scores(q, k, g)
@@ -186,12 +185,12 @@ def _intra_chunk_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor
     sub_chunk_decay = g_sub.sum(dim=-2)  # [..,S,K]
 
     factor_own_sub_chunk = bool(-sub_chunk_decay.min() <= SAFE_EXPONENT)
-    middle = torch.einsum("ijs,...sk->...ijk", _strictly_between(n_sub, dtype, k.device), sub_chunk_decay)
+    log_middle = torch.einsum("ijs,...sk->...ijk", _strictly_between(n_sub, dtype, k.device), sub_chunk_decay)
     if factor_own_sub_chunk:
         own = torch.eye(n_sub, dtype=torch.bool, device=k.device).unsqueeze(-1)
-        middle = middle - own * sub_chunk_decay.unsqueeze(-2)
+        log_middle = log_middle - own * sub_chunk_decay.unsqueeze(-2)
     covered = torch.ones(n_sub, n_sub, dtype=torch.bool, device=k.device).tril(0 if factor_own_sub_chunk else -1)
-    middle = torch.where(covered.unsqueeze(-1), _exp_decay(middle), 0)  # [..,S_I,S_J,K]
+    middle = torch.where(covered.unsqueeze(-1), _exp_decay(log_middle), 0)  # [..,S_I,S_J,K]
     keys = (middle.unsqueeze(-2) * k_to_end.unsqueeze(-4)).flatten(-3, -2).transpose(-1, -2)  # [..,S_I,K,C]
 
     exact_own = None if factor_own_sub_chunk else k_sub.unsqueeze(-3) * _pair_decay(g_sub)
