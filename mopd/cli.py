@@ -19,11 +19,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes in what the user gave us: reported in one line, without a traceback."""
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
+    from mopd.model.export import ExportError
     from mopd.pipeline import RunDirError
     from mopd.rollout.engine import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
-            RunDirError)
+            RunDirError, ExportError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,3 +78,19 @@ def test_console_script_help_and_exit_status():
     bad = subprocess.run([exe, "validate", "no/such/recipe.yaml"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no/such/recipe.yaml: no such file" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_export_writes_kimi_linear_or_names_what_blocks_it(tmp_path, capsys):
+    from mopd.model import K3HybridForCausalLM, preset_config
+
+    plain = dict(attn_res_block_size=None, routed_expert_hidden_size=None, mla_use_output_gate=False,
+                 q_lora_rank=None, hidden_act="silu",
+                 linear_attn_config={"gate_lower_bound": None, "use_full_rank_gate": False})
+    K3HybridForCausalLM(preset_config("tiny", vocab_size=64, **plain)).save_pretrained(tmp_path / "plain")
+    K3HybridForCausalLM(preset_config("tiny", vocab_size=64)).save_pretrained(tmp_path / "k3")
+    assert run_cli("export", str(tmp_path / "plain"), str(tmp_path / "out")) == 0
+    assert '"model_type": "kimi_linear"' in (tmp_path / "out" / "config.json").read_text()
+    capsys.readouterr()  # drop save_pretrained's progress output
+    assert run_cli("export", str(tmp_path / "k3"), str(tmp_path / "out2")) == 2
+    err = capsys.readouterr().err
+    assert "attn_res_block_size" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

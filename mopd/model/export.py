@@ -13,6 +13,10 @@ from pathlib import Path
 
 from mopd.model.config import K3HybridConfig
 
+
+class ExportError(ValueError):
+    """The source is not a K3 hybrid checkpoint that the target layout can express."""
+
 # field -> the value a Kimi Linear checkpoint needs, and what it means
 KIMI_LINEAR_REQUIREMENTS = {
     "attn_res_block_size": (None, "Block Attention Residuals must be off"),
@@ -72,9 +76,9 @@ def read_k3_config(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+        raise ExportError(f"{path}: not valid JSON ({err})") from err
     if raw.get("model_type") != K3HybridConfig.model_type:
-        raise ValueError(
+        raise ExportError(
             f"{path}: model_type is {raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
         )
     return K3HybridConfig.from_dict(raw).to_dict()
@@ -93,7 +97,7 @@ def check_kimi_linear_compatible(config: dict, path: Path) -> None:
         if linear.get(field) != want
     ]
     if problems:
-        raise ValueError(f"{path}: cannot export as kimi_linear: " + "; ".join(problems))
+        raise ExportError(f"{path}: cannot export as kimi_linear: " + "; ".join(problems))
 
 
 def kimi_linear_config(config: dict) -> dict:
