@@ -88,6 +88,9 @@ def test_mopd_steps_log_per_teacher_metrics_sync_weights_and_resume(setup):
     assert records[0]["train_rollout_gap"] < 1e-3  # the engine samples from exactly the trainer's weights
     assert all(r["time/sample"] > 0 and r["time/score"] > 0 and r["time/weight_sync"] > 0 for r in records)
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"]
+    assert "moe/layer1/max_over_mean" in records[0]  # the MoE bias hook ran once per optimizer step
+    biases = [t for name, t in K3HybridForCausalLM.from_pretrained(final).state_dict().items() if "e_score_correction_bias" in name]
+    assert biases and any(b.abs().sum() > 0 for b in biases)
 
     # more steps on the same directory continue from step 2: no step is redone or lost
     run(setup, "run", steps=3, checkpoint_every=1)
