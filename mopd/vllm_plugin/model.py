@@ -32,6 +32,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     is_conv_state_dim_first,
 )
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.utils import maybe_prefix
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
@@ -46,9 +47,9 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
         super().__init__()
         config: K3HybridConfig = vllm_config.model_config.hf_config
         self.config = config
-        self.model = K3HybridModel(config)
+        self.model = K3HybridModel(config)  # embedding, final AttnRes and norm, forward loop: reused as is
         self.model.layers = nn.ModuleList(
-            VllmDecoderLayer(config, i, vllm_config, prefix=f"{prefix}model.layers.{i}")
+            VllmDecoderLayer(config, i, vllm_config, prefix=maybe_prefix(prefix, f"model.layers.{i}"))
             for i in range(config.num_hidden_layers)
         )
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
