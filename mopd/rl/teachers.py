@@ -170,7 +170,7 @@ class TeacherActor:
 # ------------------------------------------------------------------------------------- progress
 def wait_with_progress(refs: dict[str, tuple], steps: dict[str, int], run_dir: Path) -> None:
     """Block until every teacher is done, one rich line per teacher: step, reward, tokens."""
-    pending = {ref: cell for cell, (_, ref) in refs.items()}
+    pending = {ref: actor for actor, ref in refs.values()}
     with Progress(
         TextColumn("{task.fields[cell]:<13}"),
         BarColumn(),
@@ -183,7 +183,7 @@ def wait_with_progress(refs: dict[str, tuple], steps: dict[str, int], run_dir: P
             done, _ = ray.wait(list(pending), timeout=1.0)
             for ref in done:
                 ray.get(ref)  # a teacher that failed past its restarts raises here
-                pending.pop(ref)
+                ray.kill(pending.pop(ref))  # frees its CPUs for the next teacher
             for cell, line in lines.items():
                 progress.update(line, **progress_fields(teacher_dir(run_dir, cell)))
 
