@@ -16,6 +16,7 @@ All parameters are plain `nn.Parameter`s owned here (no vLLM layer repacks them)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -78,7 +79,10 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
         """Copy checkpoint tensors (HF names) into our parameters and buffers; works after start too."""
         targets = dict(self.named_parameters()) | dict(self.named_buffers())
         loaded = set()
+        ignored = [re.compile(p) for p in K3HybridModel._keys_to_ignore_on_load_unexpected]
         for name, tensor in weights:
+            if any(p.search(name) for p in ignored):
+                continue  # stored upstream but unused (e.g. layer 0's attention AttnRes: one source)
             if name not in targets:
                 raise KeyError(f"K3 hybrid checkpoint tensor {name!r} has no parameter in the vLLM model")
             target = targets[name]
