@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
-
-import torch
 
 from mopd.envs import get_env
 from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.effort import default_effort_specs, shape_reward, thinking_tokens
 from mopd.envs.general import DEFAULT_FAMILIES, OWN_FAMILIES, GeneralEnv
 from mopd.envs.tokenizer import build_tokenizer, task_corpus
+from mopd.machine import describe_machine
 
 HARD_GENERAL = {
     "families": list(OWN_FAMILIES),
@@ -34,15 +31,6 @@ HARD_GENERAL = {
     "mul_digits": (4, 4),
     "chain_terms": (6, 6),
 }
-
-
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 def completion_thinking(solution, tokenizer) -> int | None:
@@ -111,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     tokenizer = build_tokenizer(task_corpus(tasks_per_cell=args.tasks_per_cell))
     report = {
-        "machine": machine(),
+        "machine": describe_machine(),
         "tokenizer": {"vocab": len(tokenizer), "build_s": round(time.perf_counter() - start, 2)},
         "budgets": {effort: spec.model_dump() for effort, spec in specs.items()},
         "thinking_tokens": {

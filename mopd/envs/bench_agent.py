@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sqlite3
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,13 +26,14 @@ from typing import Any
 from mopd.envs.agent import AgentEnv
 from mopd.envs.agent_db import MAX_CUSTOMERS, MAX_PRODUCTS, build_database, db_spec
 from mopd.envs.base import EFFORTS, split_thinking
+from mopd.machine import describe_machine
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     big_env = AgentEnv(**database_sizes_for(args.db_bytes))
     report = {
-        "machine": machine_info(),
+        "machine": describe_machine() | {"sqlite": sqlite3.sqlite_version},
         "snapshot_restore": bench_snapshot_restore(big_env, args.repeats),
         "step_throughput": {
             "default_db": bench_steps(AgentEnv(), args.episodes),
@@ -72,13 +70,6 @@ def database_sizes_for(target_bytes: int) -> dict[str, int]:
     per_order = (size(large) - size(small)) / (large - small)
     n_orders = max(MAX_CUSTOMERS, round(small + (target_bytes - size(small)) / per_order))
     return {"n_products": MAX_PRODUCTS, "n_customers": MAX_CUSTOMERS, "n_orders": n_orders}
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "sqlite": sqlite3.sqlite_version, "torch": torch.__version__}
 
 
 def bench_snapshot_restore(env: AgentEnv, repeats: int) -> dict[str, Any]:

@@ -15,15 +15,14 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from mopd.envs.base import EFFORTS, Task
 from mopd.envs.code import CodeEnv, function_from_meta
+from mopd.machine import describe_machine
 
 # Reward hacks that fail fast (bombs that burn their whole CPU limit are in the attack suite).
 HOSTILE = [
@@ -161,19 +160,9 @@ def bench_expert(args: argparse.Namespace) -> dict:
     }
 
 
-def machine() -> dict:
-    import torch
-
+def sandbox_tools() -> dict:
     bwrap = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "load_average": os.getloadavg(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "bwrap": bwrap or None,
-    }
+    return {"bwrap": bwrap, "cpus_usable": len(os.sched_getaffinity(0))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.programs, args.repeats, args.workers) < 1 or args.expert_tasks < 0:
         parser.error("--programs, --repeats and --workers must be >= 1, --expert-tasks >= 0")
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    report["machine_at_start"] = machine()
+    report["machine_at_start"] = describe_machine() | sandbox_tools()
     meter = CpuMeter()
     try:
         report["mixes"] = bench_mixes(args, meter)

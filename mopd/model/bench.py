@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from mopd.machine import describe_machine
 from mopd.model import PRESETS, K3HybridForCausalLM, preset_config
 from mopd.model.bench_kda import CONFIGS as KDA_CONFIGS
 from mopd.model.bench_kda import bench_config as bench_kda_config
-from mopd.model.bench_kda import machine
 
 TRAIN_LENGTHS = (512, 2048)
 DECODE_PROMPT, DECODE_TOKENS = 64, 64
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         "preset": args.preset,
         "parameters": sum(p.numel() for p in model.parameters()),
         "reps": args.reps,
-        "machine": machine(),
+        "machine": describe_machine(),
         "train": [bench_training(model, length, args.reps) for length in TRAIN_LENGTHS],
         "decode": [bench_decode(model, batch, args.reps) for batch in DECODE_BATCHES],
         "kda_chunked_vs_recurrent": bench_kda_config(KDA_CONFIGS[0], 2048, args.reps),

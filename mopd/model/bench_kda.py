@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from mopd.machine import describe_machine
 from mopd.model.kda import CHUNK_SIZE, chunk_kda, kda_gate, l2norm, recurrent_kda
 
 CONFIGS = [
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     results = [bench_config(cfg, args.seq_len, args.reps) for cfg in CONFIGS]
     report = {
         "seq_len": args.seq_len, "batch": 1, "chunk_size": CHUNK_SIZE, "reps": args.reps,
-        "machine": machine(), "results": results,
+        "machine": describe_machine(), "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -96,18 +95,6 @@ def make_inputs(seq_len: int, heads: int, head_dim: int, gate: str) -> tuple[tor
         g = kda_gate(10 * f + 5, A_log, dt_bias)
     beta = torch.rand(shape[:3], generator=gen)
     return q, k, v, g, beta
-
-
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "load_average_1m": os.getloadavg()[0],
-    }
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -27,10 +26,12 @@ from pathlib import Path
 
 import torch
 
+from mopd.machine import describe_machine
+
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    report = {"machine": machine(), "workload": vars(args) | {"out": str(args.out)}, "presets": {}}
+    report = {"machine": describe_machine(), "workload": vars(args) | {"out": str(args.out)}, "presets": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             report["presets"][preset] = bench_preset(preset, Path(tmp) / preset, args)
@@ -167,17 +168,6 @@ def crossover(presets: dict) -> dict:
             t = (1 - s0) / (s1 - s0)
             return {"parameters": int(math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))), "note": "log-linear interpolation"}
     return {"parameters": None, "note": "the plugin is not faster than HF at any measured size"}
-
-
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_at_start": os.getloadavg(),
-    }
 
 
 def summary(report: dict) -> dict:
