@@ -302,6 +302,7 @@ def evaluate(
                 )
                 metrics = cell_metrics(groups, latencies, wall, budgets[cell.effort])
                 results.append({"model": ref.name, "domain": cell.domain, "effort": cell.effort, **metrics})
+                bar.console.print(cell_line(ref.name, cell.name, metrics))
     return results
 
 
@@ -350,6 +351,13 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
         for weights in sorted(path.glob("*.safetensors"))
         for name, tensor in load_file(weights).items()
     }
+
+
+def cell_line(model: str, cell: str, metrics: dict) -> str:
+    return (
+        f"{model} {cell}: accuracy {metrics['accuracy']:.2f}, thinking {metrics['thinking_tokens_mean']:.0f} tokens, "
+        f"{metrics['seconds']:.1f} s"
+    )
 
 
 def progress_bar(enabled: bool) -> Progress:
