@@ -3,10 +3,17 @@
 import pytest
 import torch
 
+SET_NUM_THREADS = torch.set_num_threads
 
-@pytest.fixture(scope="session", autouse=True)
+
+@pytest.fixture(scope="module", autouse=True)
 def _one_thread():
-    # Tests are tiny; one intra-op thread avoids oversubscribing the 2 cores (much faster here).
+    """Tests are tiny: one intra-op thread avoids oversubscribing the 2 cores (far faster here).
+
+    vLLM's in-process CPU worker replaces torch.set_num_threads with a no-op and sets its own
+    count, so each module restores the function before setting one thread.
+    """
+    torch.set_num_threads = SET_NUM_THREADS
     torch.set_num_threads(1)
 
 

@@ -1,21 +1,10 @@
 """Aux-loss-free expert balancing on a synthetic router whose scores favour a few experts."""
 
-import pytest
 import torch
 
 from mopd.model import preset_config
 from mopd.model.balancing import max_over_mean, quantile_bias_update
 from mopd.model.moe import Router
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is ~10x faster than two fighting over a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 NUM_TOKENS = 2048
 

@@ -7,15 +7,6 @@ from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.model.cache import K3HybridCache
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is ~10x faster than two fighting over a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)

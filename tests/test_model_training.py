@@ -2,7 +2,6 @@
 
 import math
 
-import pytest
 import torch
 
 from mopd.model import K3HybridForCausalLM, preset_config
@@ -10,15 +9,6 @@ from mopd.model.attnres import PseudoQuery
 
 BOS, SEP = 1, 3
 SYMBOLS, COPY_LENGTH = 8, 6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is ~10x faster than two fighting over a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_every_parameter_gets_a_gradient():

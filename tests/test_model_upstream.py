@@ -24,15 +24,6 @@ KIMI_LINEAR_FEATURES = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is ~10x faster than two fighting over a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_ids(vocab_size: int, batch: int, length: int) -> torch.Tensor:
     return torch.randint(3, vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
 

@@ -19,15 +19,6 @@ from mopd.rollout.ray_actor import rollout_actor
 MAX_MODEL_LEN = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A tiny model gains nothing from a second thread; on a shared 2-core machine the sync costs up to 30x."""
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    set_num_threads(1)
-    yield
-    set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("k3_tiny")

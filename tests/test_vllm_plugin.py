@@ -28,16 +28,6 @@ TOL = 1e-3
 MAX_MODEL_LEN = 256
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A tiny model gains nothing from a second thread; on a shared 2-core machine the sync costs up to 30x."""
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    set_num_threads(1)
-    yield
-    torch.set_num_threads = set_num_threads  # vLLM's in-process CPU worker replaced it with a no-op
-    set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("k3_tiny")
