@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -26,6 +24,7 @@ from mopd.artifacts import MetricsLog, write_json_atomic
 from mopd.distill.fakes import build_student, seeded_copy
 from mopd.distill.scorer import TeacherScorer
 from mopd.envs.effort import default_effort_specs
+from mopd.machine import describe_machine
 from mopd.recipe import CELLS, DistillSpec
 
 PHASES = ("sample", "score", "train", "weight_sync")
@@ -73,17 +72,6 @@ def bench_scoring(teacher: Path, batch: int, prompt_len: int, completion_len: in
     }
 
 
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average": os.getloadavg(),
-    }
-
-
 def fake_setup(work: Path, cells: list[str]) -> tuple[Path, dict[str, Path]]:
     student = build_student(work / "student")
     return student, {cell: seeded_copy(student, work / "teachers" / cell, seed=i + 1) for i, cell in enumerate(cells)}
@@ -116,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         result = {
             "benchmark": "mopd step",
-            "machine": machine(),
+            "machine": describe_machine(),
             "setup": {"cells": args.cells, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
                       "teacher_actors": args.actors, "student": str(args.student or "fresh tiny")},
             "backends": {backend: bench_backend(student, teachers, backend, spec, work) for backend in args.backends},
