@@ -120,7 +120,8 @@ def test_rollout_func_masks_observations_and_reports_the_batch(run_dir):
 
 def test_a_killed_teacher_resumes_from_its_last_checkpoint(run_dir):
     recipe = smoke_recipe(
-        "ray.num_cpus=2",
+        "ray.num_cpus=1",  # one actor at a time: general-high waits for general-low's CPU
+        "teachers.general-high.steps=1",
         "teachers.common={steps: 4, prompts_per_step: 1, group_size: 2, checkpoint_every: 2, eval_tasks: 2,"
         " eval_samples: 1, max_restarts: 2, resources: {num_cpus: 1}}",
     )
@@ -140,7 +141,7 @@ def test_a_killed_teacher_resumes_from_its_last_checkpoint(run_dir):
     killer = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
     killer.start()
     try:
-        result = train_teachers(recipe, run_dir, only=["general-low"])
+        result = train_teachers(recipe, run_dir, only=["general-low", "general-high"])
     finally:
         finished.set()
         killer.join()
@@ -153,8 +154,9 @@ def test_a_killed_teacher_resumes_from_its_last_checkpoint(run_dir):
     teacher = result["general-low"]
     assert teacher["steps"] == 4 and {"base", "teacher", "margin"} <= teacher.keys()
     assert (folder / "model.safetensors").is_file() and not (folder / "checkpoints").exists()
+    assert metric_steps(run_dir / "teachers" / "general-high") == [1] and result["general-high"]["steps"] == 1
 
-    again = train_teachers(recipe, run_dir, only=["general-low"])  # finished: skipped, nothing restarts
+    again = train_teachers(recipe, run_dir, only=["general-low", "general-high"])  # finished: skipped
     assert again == result and len((folder / "attempts.jsonl").read_text().splitlines()) == 2
 
 
