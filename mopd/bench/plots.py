@@ -17,7 +17,11 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from mopd.envs.base import DOMAINS, EFFORTS
+
 EFFORT_MARK = {"low": "L", "high": "H", "max": "M"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+DODGE = 0.05  # effort-axis offset between models, so equal scores don't hide each other
 
 
 def write_plots(report: dict[str, Any], out: Path) -> list[str]:
@@ -37,7 +41,9 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- data access
 def domains_and_efforts(report: dict[str, Any]) -> tuple[list[str], list[str]]:
-    return list(report["suite"]["domains"]), list(report["suite"]["efforts"])
+    # report.json stores mappings with sorted keys: take the canonical order, not the file's
+    domains = [d for d in DOMAINS if d in report["suite"]["domains"]]
+    return domains, [e for e in EFFORTS if e in report["suite"]["efforts"]]
 
 
 def result(report: dict[str, Any], model: str, domain: str, effort: str) -> dict[str, Any] | None:
@@ -78,11 +84,16 @@ def plot_accuracy_vs_effort(report: dict[str, Any]):
     domains, efforts = domains_and_efforts(report)
     figure, axes = domain_axes(len(domains), "Accuracy vs effort")
     for ax, domain in zip(axes, domains):
-        for model in curve_models(report):
-            points = [
-                (i, r["accuracy"]) for i, e in enumerate(efforts) if (r := result(report, model, domain, e))
-            ]
-            ax.plot(*zip(*points), marker="o", label=model)
+        models = curve_models(report)
+        for k, model in enumerate(models):
+            shift = (k - (len(models) - 1) / 2) * DODGE
+            rows = [(i + shift, r) for i, e in enumerate(efforts) if (r := result(report, model, domain, e))]
+            ax.plot(
+                [x for x, _ in rows],
+                [r["accuracy"] for _, r in rows],
+                marker=MARKERS[k % len(MARKERS)],
+                label=model,
+            )
         for teacher in teachers_of(report, domain):
             effort = teacher["cell"].split("-")[1]
             if effort in efforts and (r := result(report, teacher["name"], domain, effort)):
@@ -109,10 +120,10 @@ def plot_accuracy_vs_tokens(report: dict[str, Any]):
         len(domains), "Runtime scaling: accuracy vs mean generated tokens (L/H/M = effort)"
     )
     for ax, domain in zip(axes, domains):
-        for model in curve_models(report):
+        for k, model in enumerate(curve_models(report)):
             rows = [(e, r) for e in efforts if (r := result(report, model, domain, e))]
             xs, ys = [r["generated_tokens_mean"] for _, r in rows], [r["accuracy"] for _, r in rows]
-            (line,) = ax.plot(xs, ys, marker="o", label=model)
+            (line,) = ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], label=model)
             for (effort, _), x, y in zip(rows, xs, ys):
                 ax.annotate(
                     EFFORT_MARK[effort],
