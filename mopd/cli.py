@@ -17,6 +17,7 @@ USAGE_ERROR = 2
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes in what the user gave us: reported in one line, without a traceback."""
+    from mopd.distill.pair import PairError
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
     from mopd.model.export import ExportError
@@ -24,7 +25,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mopd.rollout.engine import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
-            RunDirError, ExportError)
+            RunDirError, ExportError, PairError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,17 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     teachers.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
     teachers.set_defaults(func=cmd_teachers)
 
-    distill = sub.add_parser("distill", help="pair mode: distil one teacher into one student")
-    distill.add_argument("--teacher", required=True, help="HF causal LM sharing the student's tokenizer")
-    distill.add_argument("--student", required=True, help="K3 hybrid checkpoint")
-    distill.add_argument("--domain", choices=["general", "agent", "code"])
-    distill.add_argument("--effort", choices=["low", "high", "max"])
-    distill.add_argument("--data", help="JSONL or parquet task file instead of --domain/--effort")
-    distill.add_argument("--verifier", help="verifier name for --data (default: the domain's)")
-    distill.add_argument("--steps", type=int, default=30)
-    distill.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
-    distill.add_argument("--out", required=True, help="output directory (student checkpoints, metrics.jsonl)")
-    distill.set_defaults(func=cmd_distill)
+    from mopd.distill.pair import add_distill_parser
+
+    add_distill_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmark checkpoints per domain × effort (report + plots)")
     bench.add_argument("models", nargs="*", metavar="MODEL", help="checkpoint directories, or NAME=PATH")
@@ -104,17 +97,6 @@ def cmd_teachers(args: argparse.Namespace) -> int:
     only = [cell.strip() for cell in args.only.split(",")] if args.only else None
     run_dir = Path(args.out) if args.out else Path(recipe.runs_dir) / recipe.name
     train_teachers(recipe, run_dir, only=only, recipe_dir=Path(args.recipe).parent)
-    return 0
-
-
-def cmd_distill(args: argparse.Namespace) -> int:
-    from mopd.distill.pair import distill_pair
-
-    student = distill_pair(
-        args.teacher, args.student, args.out, domain=args.domain, effort=args.effort,
-        data_file=args.data, verifier=args.verifier, backend=args.backend, steps=args.steps,
-    )  # fmt: skip
-    print(f"distilled student: {student}")
     return 0
 
 
