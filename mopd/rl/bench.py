@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 from pathlib import Path
 from statistics import median
@@ -22,6 +20,7 @@ import torch
 
 from mopd.artifacts import MetricsLog, write_json_atomic
 from mopd.base.sft import check_checkpoint
+from mopd.machine import describe_machine
 from mopd.recipe import load_recipe, load_teacher_specs
 from mopd.rl.grpo import train_teacher
 
@@ -51,16 +50,6 @@ def bench_cell(spec, recipe, base: Path, steps: int) -> dict:
     }
 
 
-def machine() -> dict:
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     cells = {
         cell: bench_cell(specs[cell], recipe, Path(args.base), args.steps) for cell in args.cells.split(",")
     }
-    report = {"recipe": recipe.name, "rollout": recipe.rollout, "cells": cells, "machine": machine()}
+    report = {"recipe": recipe.name, "rollout": recipe.rollout, "cells": cells, "machine": describe_machine()}
     write_json_atomic(args.out, report)
     print(json.dumps(report, indent=2))
 
