@@ -43,10 +43,11 @@ SUITE = {
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # many engineers share the CPUs: one thread is far faster here
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    set_num_threads(1)  # many engineers share the CPUs: one thread is far faster here
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads = set_num_threads  # vLLM's in-process CPU worker replaced it with a no-op
+    set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +258,16 @@ def test_temperature_zero_gives_the_same_scores(tmp_path, checkpoints, suite_fil
         assert 0 <= row["accuracy"] <= row["pass_at_k"] <= 1
         assert row["thinking_tokens_mean"] <= row["thinking_tokens_p90"] or row["thinking_tokens_mean"] == 0
         assert row["tokens_per_s"] > 0 and row["latency_s_mean"] > 0
+
+
+def test_vllm_default_backend_scores_like_hf(checkpoints, suite_file):
+    """The default engine (vLLM, one start, the second model swapped in) matches HF's greedy samples."""
+    models = [f"a={checkpoints[0]}", f"b={checkpoints[1]}"]
+    by_vllm = run_bench(models, suite=suite_file, recipe=tiny_recipe(), progress=False)
+    by_hf = run_bench(models, suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False)
+    assert by_vllm["backend"] == "vllm"
+    for name in ("a", "b"):
+        assert scores(by_vllm, name) == scores(by_hf, name)
 
 
 def scores(report: dict, model: str) -> list[tuple]:
