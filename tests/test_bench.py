@@ -199,6 +199,9 @@ def test_missing_and_corrupt_checkpoints_fail_before_sampling(tmp_path, checkpoi
     cases["truncated weights"] = copy_without(good, tmp_path / "truncated")
     weights = cases["truncated weights"] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])
+    cases["cut tail"] = copy_without(good, tmp_path / "cut_tail")
+    weights = cases["cut tail"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
     expected = {
         "missing": "no such checkpoint directory",
         "no config": "no config.json",
@@ -207,6 +210,7 @@ def test_missing_and_corrupt_checkpoints_fail_before_sampling(tmp_path, checkpoi
         "bad json": "not valid JSON",
         "garbage weights": "corrupt checkpoint",
         "truncated weights": "corrupt checkpoint",
+        "cut tail": "corrupt checkpoint.*not fully covered",
     }
     for case, path in cases.items():
         with pytest.raises(BenchError, match=expected[case]) as err:

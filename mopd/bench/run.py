@@ -7,9 +7,10 @@
 Everything a user can get wrong (a suite, a checkpoint, a flag) is checked before the first
 engine starts. Then each model answers its cells' tasks through the shared episode loop
 (`run_rollouts`), which verifies and shapes each answer. Models that differ only in weights
-share one engine: the next one's weights are swapped in (`update_weights`) instead of restarting. A cell's tasks
-go to the engine together (or in batches of `batch_tasks`): a request's latency is the wall time
-of the call that served it, throughput the generated tokens over that time.
+share one engine: the next one's weights are swapped in (`update_weights`), no restart.
+A cell's tasks go to the engine together (or in batches of the suite's `batch_tasks`): a
+request's latency is the wall time of the call that served it, throughput the generated
+tokens over that time.
 """
 
 from __future__ import annotations
