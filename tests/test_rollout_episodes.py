@@ -87,3 +87,12 @@ def test_budgets_and_shaping_follow_the_effort_protocol(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, {task.prompt: [f"no think block {answer}"]})
     (rollout,) = run_rollouts(engine, tiny_tokenizer, {"general": env}, [task], specs)[0]
     assert not rollout.closed_think and rollout.reward == 0.0
+
+
+def test_token_counts_come_from_the_sampled_ids(tiny_tokenizer):
+    from mopd.rollout.episodes import count_tokens
+
+    think, close, end, digit = tiny_tokenizer.convert_tokens_to_ids(["<think>", "</think>", END, "7"])
+    assert count_tokens([think, digit, digit, close, digit, end], tiny_tokenizer) == (2, 1)
+    assert count_tokens([digit, close, end], tiny_tokenizer) == (1, 0)  # the prompt may open <think>
+    assert count_tokens([think, digit, digit, digit], tiny_tokenizer) == (3, 0)  # never closed: all thinking

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mopd.envs.base import Task, Verdict, split_thinking
+from mopd.envs.base import THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import END, EOS, OBSERVATION, assistant_header, render_task_prompt
 from mopd.envs.effort import EffortSpec, shape_reward
 from mopd.rollout.engine import RolloutEngine, Sampling
@@ -28,6 +28,7 @@ class Rollout:
     loss_mask: list[int] = field(default_factory=list)  # 1 on tokens the policy generated
     policy_version: int = -1
     turns: list[dict[str, str]] = field(default_factory=list)  # assistant / observation texts
+    turn_ids: list[list[int]] = field(default_factory=list)  # each assistant turn's sampled ids
     verdict: Verdict | None = None
     reward: float = 0.0  # shaped by the effort protocol
     thinking_tokens: int = 0  # the longest turn's thinking (the budget holds per turn)
@@ -94,6 +95,7 @@ def append_assistant_turn(rollout: Rollout, sample: Any, tokenizer: Any) -> None
     rollout.truncated |= sample.finish_reason == "length"
     text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
     rollout.turns.append({"role": "assistant", "content": text})
+    rollout.turn_ids.append(list(sample.token_ids))
 
 
 def observe(rollout: Rollout, env: Any, state: Any, tokenizer: Any) -> bool:
@@ -114,12 +116,23 @@ def observe(rollout: Rollout, env: Any, state: Any, tokenizer: Any) -> bool:
 
 def judge(rollout: Rollout, env: Any, state: Any, spec: EffortSpec, tokenizer: Any) -> None:
     rollout.verdict = env.verify(rollout.task, state if state is not None else rollout.completion)
-    parts = [split_thinking(t["content"]) for t in rollout.turns if t["role"] == "assistant"]
-    rollout.closed_think = all(part is not None for part in parts)
-    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    assistant = [t["content"] for t in rollout.turns if t["role"] == "assistant"]
-    # an unclosed think block is all thinking: it ran out of budget before answering
-    rollout.thinking_tokens = max(count(p[0]) if p else count(text) for p, text in zip(parts, assistant))
-    rollout.answer_tokens = sum(count(p[1]) for p in parts if p)
+    rollout.closed_think = all(split_thinking(t["content"]) is not None for t in rollout.turns if t["role"] == "assistant")
+    counts = [count_tokens(ids, tokenizer) for ids in rollout.turn_ids]
+    rollout.thinking_tokens = max(thinking for thinking, _ in counts)
+    rollout.answer_tokens = sum(answer for _, answer in counts)
     rollout.over_budget = rollout.thinking_tokens > spec.budget_tokens
     rollout.reward = shape_reward(rollout.verdict, rollout.thinking_tokens if rollout.closed_think else None, spec)
+
+
+def count_tokens(ids: list[int], tokenizer: Any) -> tuple[int, int]:
+    """(thinking, answer) tokens of one sampled turn, counted on the ids themselves.
+
+    A turn that never closes its think block is all thinking: it ran out of budget first.
+    """
+    think_open, think_close, *stops = tokenizer.convert_tokens_to_ids([THINK_OPEN, THINK_CLOSE, END, EOS])
+    ids = [token for token in ids if token not in stops]
+    start = 1 if ids[:1] == [think_open] else 0
+    if think_close not in ids:
+        return len(ids) - start, 0
+    close = ids.index(think_close)
+    return close - start, len(ids) - close - 1
