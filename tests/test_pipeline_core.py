@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mopd.artifacts import MetricsLog, atomic_dir, config_hash, write_text_atomic
+from mopd.artifacts import MetricsLog, atomic_dir, config_hash, current_umask, write_text_atomic
 from mopd.pipeline import Pipeline, Stage
 from mopd.recipe import Recipe
 
@@ -55,6 +55,7 @@ def test_write_text_atomic_replaces_whole_files(tmp_path):
     write_text_atomic(path, "one")
     write_text_atomic(path, "two")
     assert path.read_text() == "two" and len(list(tmp_path.iterdir())) == 1
+    assert path.stat().st_mode & 0o777 == 0o666 & ~current_umask()
 
 
 def test_metrics_log_resume_drops_steps_after_the_checkpoint(tmp_path):
