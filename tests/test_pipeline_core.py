@@ -47,6 +47,7 @@ def test_atomic_dir_keeps_the_old_artifact_when_writing_fails(tmp_path):
         (d / "w.bin").write_text("half")
         raise OSError("disk full")
     assert (target / "w.bin").read_text() == "v1"
+    assert target.stat().st_mode & 0o777 == 0o777 & ~current_umask()
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dirs left behind
 
 
