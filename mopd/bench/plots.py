@@ -80,6 +80,15 @@ def shared_legend(figure, axes) -> None:
 
 
 # ----------------------------------------------------------------------------- the plots
+def plot_teachers(ax, report: dict[str, Any], domain: str, efforts: list[str], x_of) -> None:
+    """Each cell's teacher as a star at `x_of(effort, result)` (a run's teachers answer only their cell)."""
+    for teacher in teachers_of(report, domain):
+        effort = teacher["cell"].split("-")[1]
+        if effort in efforts and (r := result(report, teacher["name"], domain, effort)):
+            ax.plot(x_of(effort, r), r["accuracy"], marker="*", markersize=13, linestyle="none",
+                    label=f"teacher ({effort})")
+
+
 def plot_accuracy_vs_effort(report: dict[str, Any]):
     domains, efforts = domains_and_efforts(report)
     figure, axes = domain_axes(len(domains), "Accuracy vs effort")
@@ -94,17 +103,7 @@ def plot_accuracy_vs_effort(report: dict[str, Any]):
                 marker=MARKERS[k % len(MARKERS)],
                 label=model,
             )
-        for teacher in teachers_of(report, domain):
-            effort = teacher["cell"].split("-")[1]
-            if effort in efforts and (r := result(report, teacher["name"], domain, effort)):
-                ax.plot(
-                    efforts.index(effort),
-                    r["accuracy"],
-                    marker="*",
-                    markersize=13,
-                    linestyle="none",
-                    label=f"teacher ({effort})",
-                )
+        plot_teachers(ax, report, domain, efforts, lambda effort, r: efforts.index(effort))
         ax.set(
             title=domain, xlabel="effort", xticks=range(len(efforts)), xticklabels=efforts, ylim=(-0.05, 1.05)
         )
@@ -133,17 +132,7 @@ def plot_accuracy_vs_tokens(report: dict[str, Any]):
                     color=line.get_color(),
                     fontsize=8,
                 )
-        for teacher in teachers_of(report, domain):
-            effort = teacher["cell"].split("-")[1]
-            if effort in efforts and (r := result(report, teacher["name"], domain, effort)):
-                ax.plot(
-                    r["generated_tokens_mean"],
-                    r["accuracy"],
-                    marker="*",
-                    markersize=13,
-                    linestyle="none",
-                    label=f"teacher ({effort})",
-                )
+        plot_teachers(ax, report, domain, efforts, lambda effort, r: r["generated_tokens_mean"])
         ax.set(
             title=domain, xlabel="mean generated tokens per request (log)", xscale="log", ylim=(-0.05, 1.05)
         )
