@@ -8,6 +8,8 @@ moonshotai/kimi-k3), so a checkpoint moves to the upstream ecosystem with a conf
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -21,6 +23,32 @@ DEFAULT_LINEAR_ATTN = {
     "use_full_rank_gate": True,
     "gate_lower_bound": -5.0,
 }
+
+
+class CheckpointError(ValueError):
+    """The directory is not a K3 hybrid checkpoint."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """The directory has no config.json at all."""
+
+
+def read_checkpoint_config(model_dir: str | Path) -> dict[str, Any]:
+    """The raw config.json of a K3 hybrid checkpoint; errors name the directory and the problem."""
+    path = Path(model_dir)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise MissingCheckpointError(f"{path} is not a K3 hybrid checkpoint: no config.json")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
+    if raw.get("model_type") != K3HybridConfig.model_type:
+        raise CheckpointError(
+            f"{path} is not a K3 hybrid checkpoint: config.json has model_type "
+            f"{raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
+        )
+    return raw
 
 
 class K3HybridConfig(PretrainedConfig):

@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mopd.model.config import K3HybridConfig
+from mopd.model.config import K3HybridConfig, read_checkpoint_config
 
 
 class ExportError(ValueError):
@@ -59,7 +59,7 @@ K3_ONLY_FIELDS = (
 def export_kimi_linear(src_dir: str | Path, dst_dir: str | Path) -> Path:
     """Write `dst_dir`: the checkpoint in `src_dir` with config.json rewritten to `model_type: kimi_linear`."""
     src, dst = Path(src_dir), Path(dst_dir)
-    config = read_k3_config(src / "config.json")
+    config = K3HybridConfig.from_dict(read_checkpoint_config(src)).to_dict()  # defaults included
     check_kimi_linear_compatible(config, src / "config.json")
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
@@ -67,21 +67,6 @@ def export_kimi_linear(src_dir: str | Path, dst_dir: str | Path) -> Path:
             shutil.copy2(path, dst / path.name)
     (dst / "config.json").write_text(json.dumps(kimi_linear_config(config), indent=2, sort_keys=True) + "\n")
     return dst
-
-
-def read_k3_config(path: Path) -> dict:
-    """The full config (defaults included): save_pretrained writes only fields that differ from them."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no config.json; is this a saved K3-hybrid checkpoint directory?")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ExportError(f"{path}: not valid JSON ({err})") from err
-    if raw.get("model_type") != K3HybridConfig.model_type:
-        raise ExportError(
-            f"{path}: model_type is {raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
-        )
-    return K3HybridConfig.from_dict(raw).to_dict()
 
 
 def check_kimi_linear_compatible(config: dict, path: Path) -> None:

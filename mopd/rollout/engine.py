@@ -11,7 +11,6 @@ policy (log-softmax of the raw logits), whatever the temperature / top-p used to
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from mopd.model.config import K3HybridConfig
+from mopd.model.config import CheckpointError, K3HybridConfig, read_checkpoint_config
 
 
 @dataclass(frozen=True)
@@ -69,28 +68,13 @@ class RolloutEngine(Protocol):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int: ...
 
 
-class CheckpointError(ValueError):
-    """The directory is not a K3 hybrid checkpoint."""
-
-
 class PromptTooLongError(ValueError):
     """A request does not fit in the engine's context window."""
 
 
 def load_k3_config(model_dir: str | Path) -> K3HybridConfig:
     path = Path(model_dir)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{path} is not a K3 hybrid checkpoint: no config.json")
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
-    if raw.get("model_type") != K3HybridConfig.model_type:
-        raise CheckpointError(
-            f"{path} is not a K3 hybrid checkpoint: config.json has model_type "
-            f"{raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
-        )
+    read_checkpoint_config(path)
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise CheckpointError(f"{path} has a K3 config but no weights (*.safetensors)")
     return K3HybridConfig.from_pretrained(path)
