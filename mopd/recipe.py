@@ -39,7 +39,8 @@ class ModelSpec(Strict):
 class SFTSpec(Strict):
     examples: int = Field(3000, gt=0)
     steps: int = Field(300, ge=0)
-    batch_size: int = Field(32, gt=0)
+    batch_size: int = Field(32, gt=0, description="most transcripts per step")
+    batch_tokens: int = Field(8192, gt=0, description="most padded tokens per step (short transcripts share a step)")
     learning_rate: float = Field(3e-3, gt=0)
     noise: float = Field(0.1, ge=0.0, le=1.0, description="fraction of traces corrupted, so the base is imperfect")
     mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(DOMAINS, 1.0))

@@ -90,3 +90,20 @@ def test_sft_mix_typos_are_clear_errors():
         load_recipe(ROOT / "recipes/smoke.yaml", ["base.sft.mix={genral: 1.0}"])
     with pytest.raises(RecipeError, match=r"unknown field `base\.sft\.nosie`"):
         load_recipe(ROOT / "recipes/smoke.yaml", ["base.sft.nosie=0.2"])
+
+
+def test_batches_group_similar_lengths_within_the_token_budget():
+    from mopd.base.sft import length_grouped_batches
+    from mopd.recipe import SFTSpec
+
+    lengths = [25] * 300 + [400] * 30  # sums and agent transcripts
+    examples = [{"input_ids": [0] * n, "index": i} for i, n in enumerate(lengths)]
+    sft = SFTSpec(batch_size=64, batch_tokens=2048)
+    batches = length_grouped_batches(examples, sft, random.Random(0))
+    epoch = [next(batches) for _ in range(300 // 64 + 1 + 30 // 5)]  # sums: ⌈300/64⌉; agents: 30/5
+    seen = sorted(e["index"] for batch in epoch for e in batch)
+    assert seen == list(range(len(lengths)))  # one epoch: every example exactly once
+    for batch in epoch:
+        width = max(len(e["input_ids"]) for e in batch)
+        assert len(batch) <= 64 and len(batch) * width <= 2048
+        assert len({len(e["input_ids"]) for e in batch}) == 1  # a short one is never padded to 400

@@ -94,3 +94,14 @@ def test_export_writes_kimi_linear_or_names_what_blocks_it(tmp_path, capsys):
     assert run_cli("export", str(tmp_path / "k3"), str(tmp_path / "out2")) == 2
     err = capsys.readouterr().err
     assert "attn_res_block_size" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_overrides_may_follow_options(tmp_path):
+    from mopd.cli import build_parser, parse
+
+    args = parse(build_parser(), ["run", "recipes/tiny.yaml", "--out", str(tmp_path), "distill.steps=3"])
+    assert args.out == str(tmp_path) and args.overrides == ["distill.steps=3"]
+    with pytest.raises(SystemExit):
+        parse(build_parser(), ["run", "recipes/tiny.yaml", "--out", str(tmp_path), "--nope"])
+    with pytest.raises(SystemExit):  # `export` takes no overrides
+        parse(build_parser(), ["export", "a", "b", "x=1"])

@@ -249,3 +249,14 @@ def test_initial_database_is_rebuilt_identically_from_its_spec(env):
 
 def first_of(family: str) -> Task:
     return AgentEnv(families=[family]).sample(1, seed=21, effort="high")[0]
+
+
+def test_short_system_prompt_keeps_the_protocol_and_drops_the_schema(env):
+    short = AgentEnv(families=["order_total"], max_lookups=1, system_prompt="short")
+    tasks = short.sample(30, seed=0, effort="high")
+    system = tasks[0].meta["system"]
+    assert "<tool_call>" in system and "<think>" in system and "CREATE TABLE" not in system
+    assert len(system) * 5 < len(env.sample(1, seed=0)[0].meta["system"])
+    assert all(short.verify(task, short.solve(task)).reward == 1.0 for task in tasks)
+    with pytest.raises(ValueError, match="system_prompt='long'"):
+        AgentEnv(system_prompt="long")

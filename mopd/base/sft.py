@@ -143,13 +143,10 @@ def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=0.0)
     schedule = get_cosine_schedule_with_warmup(optimizer, max(1, sft.steps // 20), sft.steps)
-    order: list[int] = []
+    batches = length_grouped_batches(examples, sft, rng)
     for step in range(1, sft.steps + 1):
         start = time.time()
-        if len(order) < sft.batch_size:
-            order += rng.sample(range(len(examples)), len(examples))
-        batch = collate([examples[i] for i in order[: sft.batch_size]], model.config.pad_token_id)
-        del order[: sft.batch_size]
+        batch = collate(next(batches), model.config.pad_token_id)
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -168,6 +165,35 @@ def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, 
         if step % 25 == 0 or step == sft.steps:
             console.print(f"base sft step {step}/{sft.steps} loss {loss.item():.3f}")
     model.eval()
+
+
+def length_grouped_batches(examples: list[dict], sft, rng: random.Random, pool: int = 512):
+    """Endless batches of similar length in random order, each up to `batch_tokens` padded tokens.
+
+    A sum is ~25 tokens and an agent transcript ~500: padding sums to an agent's length would
+    make most of a step padding, and a fixed row count would give sums a tiny share of the
+    tokens. Rows are drawn `pool` at a time, sorted by length, and packed greedily.
+    """
+    while True:
+        order = rng.sample(range(len(examples)), len(examples))
+        batches = []
+        for start in range(0, len(order), pool):
+            chunk = sorted(order[start : start + pool], key=lambda i: len(examples[i]["input_ids"]))
+            batches += pack(chunk, [len(examples[i]["input_ids"]) for i in chunk], sft)
+        rng.shuffle(batches)
+        for indices in batches:
+            yield [examples[i] for i in indices]
+
+
+def pack(indices: list[int], lengths: list[int], sft) -> list[list[int]]:
+    """Consecutive runs of `indices` (sorted by length) whose padded size fits `sft.batch_tokens`."""
+    batches, current = [], []
+    for index, length in zip(indices, lengths):
+        if current and ((len(current) + 1) * length > sft.batch_tokens or len(current) == sft.batch_size):
+            batches.append(current)
+            current = []
+        current.append(index)
+    return [*batches, current] if current else batches
 
 
 def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:

