@@ -78,6 +78,9 @@ class TeacherSpec(Strict):
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(8, gt=0)
     group_size: int = Field(8, gt=1)
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="rollouts per forward/backward (gradient accumulation); null: a step's all at once"
+    )
     learning_rate: float = Field(1e-4, gt=0)
     temperature: float = Field(1.0, gt=0)
     kl_beta: float = Field(0.0, ge=0)

@@ -53,9 +53,9 @@ def metric_steps(folder: Path) -> list[int]:
 
 def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_path):
     recipe = smoke_recipe(
-        "teachers.common={steps: 2, prompts_per_step: 2, group_size: 2, checkpoint_every: 1}"
+        "teachers.common={steps: 2, prompts_per_step: 2, group_size: 2, checkpoint_every: 1, micro_batch_size: 2}"
     )
-    spec = load_teacher_specs(recipe)["general-high"]
+    spec = load_teacher_specs(recipe)["general-high"]  # two micro-batches of 2 rollouts per optimizer step
     train_teacher(spec, recipe, run_dir / "base", tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -92,12 +92,17 @@ def teacher_effort(spec, recipe):
 
 def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConfig:
     batch = spec.prompts_per_step * spec.group_size
+    micro = spec.micro_batch_size or batch
+    if batch % micro:
+        raise ValueError(
+            f"teachers/{spec.cell}.yaml: micro_batch_size {micro} must divide prompts_per_step × group_size = {batch}"
+        )
     return GRPOConfig(
         output_dir=str(output_dir),
         max_steps=spec.steps,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # one optimizer step per batch of rollouts: strictly on-policy
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
+        steps_per_generation=batch // micro,  # one optimizer step per batch of rollouts: strictly on-policy
         num_generations=spec.group_size,
         max_completion_length=max_new_tokens,
         temperature=spec.temperature,
