@@ -55,9 +55,9 @@ def tokenizer():
     return build_tiny_tokenizer(tasks_per_cell=10)
 
 
-def write_checkpoint(path: Path, tokenizer, seed: int) -> Path:
+def write_checkpoint(path: Path, tokenizer, seed: int, layers: int = 4) -> Path:
     torch.manual_seed(seed)
-    model = K3HybridForCausalLM(preset_config("tiny", vocab_size=len(tokenizer), num_hidden_layers=4))
+    model = K3HybridForCausalLM(preset_config("tiny", vocab_size=len(tokenizer), num_hidden_layers=layers))
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(["<|end|>", "<|eos|>"])
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -272,6 +272,17 @@ def test_vllm_default_backend_scores_like_hf(checkpoints, suite_file):
     assert by_vllm["backend"] == "vllm"
     for name in ("a", "b"):
         assert scores(by_vllm, name) == scores(by_hf, name)
+
+
+def test_vllm_engine_restarts_for_another_architecture(checkpoints, tokenizer, suite_file, tmp_path):
+    """A model the loaded engine cannot take by update_weights gets a new engine, the old one shut
+    down first (a base → teacher → MOPD student run crashed on a late teardown of the old engine:
+    "pipeline model parallel group is not initialized"; this smaller case did not reproduce it)."""
+    deeper = write_checkpoint(tmp_path / "deeper", tokenizer, 2, layers=8)
+    models = [f"a={checkpoints[0]}", f"b={checkpoints[1]}", f"deeper={deeper}"]
+    report = run_bench(models, suite=suite_file, recipe=tiny_recipe(), progress=False)
+    assert {r["model"] for r in report["results"]} == {"a", "b", "deeper"}
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
 
 
 def scores(report: dict, model: str) -> list[tuple]:

@@ -322,6 +322,8 @@ class EngineCache:
         if self.engine is not None and signature == self.signature:
             self.engine.update_weights(checkpoint_weights(path))
             return self.engine
+        if callable(getattr(self.engine, "close", None)):
+            self.engine.close()
         self.engine = None
         gc.collect()
         self.engine, self.signature = create_engine(path, backend=self.backend), signature

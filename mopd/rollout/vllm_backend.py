@@ -51,6 +51,12 @@ class VllmEngine:
             **{**whole_prompt_prefill(max_model_len), **llm_kwargs},
         )
 
+    def close(self) -> None:
+        """Shut the engine down now. Left to the garbage collector, its teardown can come after the
+        next engine of this process has started, and it resets vLLM's process-wide parallel state
+        under that engine ("pipeline model parallel group is not initialized")."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def generate(
         self, prompt_ids: list[list[int]], n: int = 1, sampling: Sampling = DEFAULT_SAMPLING
     ) -> list[list[Sample]]:
