@@ -322,7 +322,7 @@ class EngineCache:
         if self.engine is not None and signature == self.signature:
             self.engine.update_weights(checkpoint_weights(path))
             return self.engine
-        if callable(getattr(self.engine, "close", None)):
+        if self.engine is not None:
             self.engine.close()
         self.engine = None
         gc.collect()

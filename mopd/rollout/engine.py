@@ -66,6 +66,8 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int: ...
 
+    def close(self) -> None: ...
+
 
 class PromptTooLongError(ValueError):
     """A request does not fit in the engine's context window."""

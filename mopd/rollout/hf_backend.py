@@ -77,6 +77,9 @@ class HFEngine:
         self.policy_version += 1
         return self.policy_version
 
+    def close(self) -> None:
+        """Nothing to shut down: the model is freed with the engine."""
+
     def _sample_batch(self, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling):
         batch = torch.tensor(prompts)
         greedy = sampling.temperature == 0
