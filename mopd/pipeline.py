@@ -102,18 +102,24 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
         train_teachers(ctx.recipe, ctx.run_dir, recipe_dir=recipe_dir)
 
     return [
-        Stage("base", {**shared, "model": recipe.model.model_dump(), "base": recipe.base.model_dump()}, build_base),
+        Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base),
         Stage(
             "teachers",
-            {**shared, "rollout": recipe.rollout, "specs": {c: s.model_dump() for c, s in specs.items()}},
+            {**shared, "rollout": recipe.rollout, "specs": {c: hashed_fields(s) for c, s in specs.items()}},
             teachers,
             needs=("base",),
         ),
-        Stage("distill", {**shared, "rollout": recipe.rollout, "distill": recipe.distill.model_dump()},
+        Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
               run_distill, needs=("base", "teachers")),
-        Stage("bench", {**shared, "bench": recipe.bench.model_dump(), "suite": suite.read_text()},
+        Stage("bench", {**shared, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
               run_bench_stage, needs=("base", "teachers", "distill")),
     ]
+
+
+def hashed_fields(model) -> dict:
+    """A config's fields for its stage hash. Defaults stay out: a new schema field must not turn
+    every finished stage of an earlier run stale."""
+    return model.model_dump(mode="json", exclude_defaults=True)
 
 
 def run_recipe(recipe: Recipe, out: str | Path | None = None, recipe_dir: Path | None = None) -> dict[str, str]:

@@ -45,6 +45,7 @@ class SFTSpec(Strict):
     noise: float = Field(0.1, ge=0.0, le=1.0, description="fraction of traces corrupted, so the base is imperfect")
     mix: dict[str, float] = Field(default_factory=lambda: dict.fromkeys(DOMAINS, 1.0))
     max_length: int = Field(1024, gt=0, description="tokens kept of each transcript")
+    vocab_size: int = Field(512, ge=300, description="tokenizer vocabulary (byte-level BPE trained on the transcripts)")
 
     @model_validator(mode="after")
     def _known_domains(self) -> SFTSpec:

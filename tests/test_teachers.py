@@ -11,12 +11,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from mopd.base import build_base
+from mopd.base.sft import expert_transcripts
 from mopd.envs import get_env
 from mopd.envs.chat import END
 from mopd.envs.effort import default_effort_specs
 from mopd.pipeline import StageContext
-from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
-from mopd.rl.grpo import GroupRollouts, last_checkpoint, train_teacher
+from mopd.recipe import RecipeError, TeacherSpec, load_recipe, load_teacher_specs
+from mopd.rl.grpo import GroupRollouts, last_checkpoint, teacher_tasks, train_teacher
 from mopd.rl.teachers import is_finished, select_cells, spec_hash, train_teachers
 from mopd.rollout.engine import CheckpointError, Sample
 
@@ -177,8 +178,24 @@ def test_a_teacher_is_redone_when_its_spec_or_base_changes(run_dir, tmp_path):
     digest = spec_hash(spec, recipe, run_dir / "base")
     assert digest != spec_hash(spec.model_copy(update={"steps": 3}), recipe, run_dir / "base")
     assert digest != spec_hash(spec, recipe, tmp_path)  # another initial checkpoint
+
+    class SpecWithANewField(TeacherSpec):  # a later schema: finished teachers must stay finished
+        new_knob: int = 7
+
+    assert spec_hash(SpecWithANewField(**spec.model_dump()), recipe, run_dir / "base") == digest
     folder = tmp_path / "code-max"
     assert not is_finished(folder, digest)
     (folder / "teacher.json").write_text("{}")
     assert is_finished(folder, digest)
     assert not is_finished(folder, "another") and not (folder / "teacher.json").exists()
+
+
+def test_teachers_train_on_prompts_the_base_was_not_fitted_on():
+    recipe = smoke_recipe()
+    spec = load_teacher_specs(recipe)["code-high"].model_copy(update={"steps": 4, "prompts_per_step": 8})
+    env = get_env("code", **recipe.envs.get("code", {}))
+    sft_prompts = {
+        task.prompt for _, (task, _) in expert_transcripts({"code": env}, 300, {"code": 1.0}, recipe.seed)
+    }
+    rl_prompts = [task.prompt for task in teacher_tasks(env, spec, recipe)]
+    assert len(rl_prompts) == 32 and not sft_prompts & set(rl_prompts)

@@ -61,7 +61,7 @@ def train_base(recipe, out: Path) -> None:
     sft = recipe.base.sft
     envs = {domain: get_env(domain, **recipe.envs.get(domain, {})) for domain in mix_domains(sft.mix)}
     transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
-    tokenizer = build_tokenizer([text for text, _ in transcripts])
+    tokenizer = build_tokenizer([text for text, _ in transcripts], sft.vocab_size)
     rng = random.Random(recipe.seed)
     examples = [
         tokenize_example(tokenizer, envs[task.domain], task, turns, rng, sft.noise, sft.max_length)

@@ -34,6 +34,15 @@ from mopd.model import K3HybridForCausalLM
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
 
+# The base was fitted on the first tasks of the recipe seed's train stream. RL on those very
+# prompts sharpens answers the base has memorised, and held-out scores do not move.
+RL_SEED_OFFSET = 7919
+
+
+def teacher_tasks(env, spec, recipe) -> list:
+    """The teacher's training prompts: fresh draws from the train split, not the base's SFT tasks."""
+    return env.sample(spec.steps * spec.prompts_per_step, recipe.seed + RL_SEED_OFFSET, "train", spec.effort)
+
 
 def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | None = None) -> int:
     """Run GRPO for `spec.steps` steps (resuming from out_dir's last checkpoint); returns the step resumed from."""
@@ -41,7 +50,7 @@ def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | No
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     env = teacher_env(spec, recipe)
-    tasks = env.sample(spec.steps * spec.prompts_per_step, recipe.seed, "train", spec.effort)
+    tasks = teacher_tasks(env, spec, recipe)
     rollouts = GroupRollouts(
         engine=create_engine(init_dir, backend=backend or recipe.rollout),
         reference=create_engine(init_dir, backend="hf"),

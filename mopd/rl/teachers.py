@@ -74,10 +74,13 @@ def teacher_dir(run_dir: Path, cell: str) -> Path:
 
 
 def spec_hash(spec, recipe: Recipe, init: Path) -> str:
-    """What a teacher depends on: its spec, effort, env options, seed, backend and its initial weights."""
+    """What a teacher depends on: its spec, effort, env options, seed, backend and its initial weights.
+
+    Spec fields at their defaults are left out, so adding a field to the schema keeps finished teachers.
+    """
     weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in init.glob("*.safetensors"))
     return config_hash(
-        spec.model_dump(mode="json"),
+        spec.model_dump(mode="json", exclude_defaults=True),
         recipe.efforts[spec.effort].model_dump(),
         recipe.envs,
         recipe.seed,
