@@ -134,3 +134,12 @@ def test_results_travel_exactly_and_only_plain_values_count(env):
         [strict] * len(impostors), [completion(f"def f(x):\n    return {v}") for v in impostors]
     )
     assert [v.reward for v in verdicts] == [0.0] * len(impostors)
+
+
+def test_iid_eval_draws_may_reuse_training_functions():
+    options = {"families": ["string_ops"], "difficulty": (1, 1), "n_examples": 1}
+    train = {t.meta["content_hash"] for t in CodeEnv(**options).sample(200, 0, "train")}
+    disjoint = {t.meta["content_hash"] for t in CodeEnv(**options).sample(40, 0, "eval")}
+    iid = {t.meta["content_hash"] for t in CodeEnv(**options, disjoint_eval=False).sample(40, 0, "eval")}
+    assert not disjoint & train
+    assert len(iid & train) > len(iid) // 2

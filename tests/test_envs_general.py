@@ -135,3 +135,12 @@ def test_bad_options_are_named():
         GeneralEnv(families=["rg/no_such_family"])
     with pytest.raises(ValueError, match="split"):
         GeneralEnv().sample(1, seed=0, split="test")
+
+
+def test_iid_eval_draws_may_repeat_training_questions_of_a_small_space():
+    options = {"families": ["add"], "add_digits": (1, 1)}
+    train = {t.prompt for t in GeneralEnv(**options).sample(300, 0, "train")}
+    disjoint = {t.prompt for t in GeneralEnv(**options).sample(100, 0, "eval")}
+    iid = [t.prompt for t in GeneralEnv(**options, disjoint_eval=False).sample(100, 0, "eval")]
+    assert not disjoint & train
+    assert set(iid) & train and len(set(iid)) > len(disjoint & set(iid))

@@ -22,6 +22,9 @@ max each step in words and code, and every example traced step by step.
 Train and eval never overlap: a task's canonical content is its reference code (which fixes the
 function); its hash puts it in exactly one split (1 bucket of EVAL_BUCKETS is eval). Each split
 draws from an RNG derived from (split, seed, index) and keeps only functions of its own bucket.
+With `disjoint_eval=False` eval tasks are i.i.d. draws from another RNG stream: the same
+functions may come back with other examples and tests (a held-out test of the trained
+distribution, for models too small to write functions they have never seen).
 
 Verification never trusts the program. The sandboxed child receives only the code, the entry
 name, the hidden INPUTS and a per-run nonce; it calls `f` on each input and writes one
@@ -89,6 +92,7 @@ class CodeEnv:
         workers: int = 4,
         limits: Limits | None = None,
         backend: str = "auto",
+        disjoint_eval: bool = True,
     ):
         self.families = tuple(families)
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -103,6 +107,7 @@ class CodeEnv:
             )
         self.difficulty = (low, high)
         self.max_len, self.n_tests, self.n_examples = max_len, n_tests, n_examples
+        self.disjoint_eval = disjoint_eval
         self.sandbox_options = {"workers": workers, "limits": limits, "backend": backend}
         self._sandbox: Sandbox | None = None
 
@@ -146,7 +151,7 @@ class CodeEnv:
     def _draw_function(self, family: str, split: str, rng: random.Random) -> Function:
         for _ in range(MAX_DRAWS):
             function = FAMILY_BUILDERS[family](rng, rng.randint(*self.difficulty))
-            if split_of(function.source) == split:
+            if not self.disjoint_eval or split_of(function.source) == split:
                 return function
         raise ValueError(f"code/{family}: difficulty {self.difficulty} leaves too few distinct functions")
 
