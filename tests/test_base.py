@@ -18,7 +18,8 @@ from mopd.rollout.engine import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_SFT = (
-    "base.sft={examples: 90, steps: 8, batch_size: 8, learning_rate: 3.0e-3, noise: 0.5, mix: {general: 1.0}}"
+    "base.sft={examples: 90, steps: 8, batch_size: 8, learning_rate: 3.0e-3, noise: 0.5, mix: {general: 1.0}, "
+    "vocab_size: 300}"
 )
 
 
@@ -36,7 +37,7 @@ def test_base_is_an_hf_checkpoint_with_tokenizer_and_chat_template(built):
     assert path == run_dir / "base"
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    assert model.config.model_type == "k3_hybrid" and model.config.vocab_size == len(tokenizer)
+    assert model.config.model_type == "k3_hybrid" and model.config.vocab_size == len(tokenizer) == 300
     task = get_env("general").sample(1, seed=3, split="eval", effort="max")[0]
     rendered = tokenizer.apply_chat_template(
         messages_for(task.prompt), effort="max", add_generation_prompt=True, tokenize=False

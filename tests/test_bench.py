@@ -390,6 +390,16 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
     assert (run / "bench" / "ratio_heatmap.png").is_file()
     text = markdown(report)
     assert "| cell | base | teacher | student |" in text
+    accuracy = {r["model"]: r["accuracy"] for r in report["results"]}
+    ratio = accuracy["student"] / accuracy["general-low"] if accuracy["general-low"] > 0 else None
+    section = text.split("## Student against its teachers (accuracy)")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| general/low |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == [
+        f"{accuracy['general-low']:.2f}",
+        f"{accuracy['student']:.2f}",
+        "—" if ratio is None else f"{ratio:.2f}",
+    ]
     with pytest.raises(BenchError, match=r"no recipe\.json"):
         bench_run_dir(tmp_path / "not_a_run")
 

@@ -253,3 +253,5 @@ def test_seeded_sampling_of_more_prompt_tokens_than_one_step_takes(checkpoint):
     again = default.generate(prompts, sampling=sampling)
     assert [g[0].token_ids for g in first] == [g[0].token_ids for g in again]
     assert all(len(g[0].token_ids) == 4 for g in first)
+    copies = default.generate([prompts[0]] * 8, sampling=Sampling(temperature=1.0, max_tokens=12, ignore_eos=True, seed=3))
+    assert len({tuple(g[0].token_ids) for g in copies}) > 1  # each request its own seed: copies differ

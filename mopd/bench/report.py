@@ -54,6 +54,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for title, keys, number in TABLES:
         lines += ["", f"## {title}", "", *table(report, names, teachers, keys, number)]
+    student = next((m["name"] for m in report["models"] if m["role"] == "student"), None)
+    if student and teachers:
+        lines += ["", "## Student against its teachers (accuracy)", "", *recovery_table(report, student, teachers)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
@@ -77,6 +80,23 @@ def table(
             for c in columns
         ]
         lines.append("| **mean** | " + " | ".join(fmt(m, number) for m in means) + " |")
+    return lines
+
+
+def recovery_table(report, student: str, teachers: dict[str, str], target: float = 0.9) -> list[str]:
+    """Per cell: how much of its teacher's accuracy the student recovers (MOPD's goal: ≥ 90%)."""
+    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
+    lines = ["| cell | teacher | student | student / teacher | ≥ 90% |", "|---|---:|---:|---:|:---:|"]
+    for cell, teacher in teachers.items():
+        domain, effort = cell.split("-")
+        ours, theirs = rows.get((student, domain, effort)), rows.get((teacher, domain, effort))
+        if ours is None or theirs is None:
+            continue
+        ratio = ours["accuracy"] / theirs["accuracy"] if theirs["accuracy"] > 0 else math.nan
+        reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
+        lines.append(
+            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} |"
+        )
     return lines
 
 

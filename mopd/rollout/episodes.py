@@ -70,7 +70,7 @@ def run_rollouts(
             top_p=top_p,
             max_tokens=[efforts[r.task.effort].max_new_tokens for r in active],
             stop_token_ids=stop_ids,
-            seed=None if seed is None else seed + turn,
+            seed=None if seed is None else seed + turn * 1_000_003,  # the engine adds the request index
         )
         samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
         for rollout, (sample,) in zip(active, samples):

@@ -62,7 +62,10 @@ class VllmEngine:
     ) -> list[list[Sample]]:
         budgets = sampling.max_tokens_for(len(prompt_ids))
         check_prompt_lengths(prompt_ids, budgets, self.max_model_len)
-        params = [self._sampling_params(sampling, n, budget) for budget in budgets]
+        # One seed per request: with a shared seed, copies of one prompt (a GRPO group, k samples
+        # of a benchmark task) would all draw the very same tokens.
+        seeds = [None if sampling.seed is None else sampling.seed + index for index in range(len(budgets))]
+        params = [self._sampling_params(sampling, n, budget, seed) for budget, seed in zip(budgets, seeds)]
         outputs = self.llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
         version = self.policy_version
         return [[_sample(completion, version) for completion in out.outputs] for out in outputs]
@@ -90,7 +93,7 @@ class VllmEngine:
         self.policy_version += 1
         return self.policy_version
 
-    def _sampling_params(self, sampling: Sampling, n: int, max_tokens: int):
+    def _sampling_params(self, sampling: Sampling, n: int, max_tokens: int, seed: int | None):
         from vllm import SamplingParams
 
         if sampling.stop and not self.has_tokenizer:
@@ -106,7 +109,7 @@ class VllmEngine:
             stop=list(sampling.stop) or None,
             stop_token_ids=stop_ids or None,
             ignore_eos=sampling.ignore_eos,
-            seed=sampling.seed,
+            seed=seed,
             logprobs=0,
             detokenize=self.has_tokenizer,
         )
