@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from mopd.bench.report import accuracy_ratio
 from mopd.envs.base import DOMAINS, EFFORTS
 
 EFFORT_MARK = {"low": "L", "high": "H", "max": "M"}
@@ -166,11 +167,7 @@ def plot_ratio_heatmap(report: dict[str, Any]):
                 result(report, subject, domain, effort),
                 ref_name and result(report, ref_name, domain, effort),
             )
-            ratio = (
-                ours["accuracy"] / theirs["accuracy"]
-                if ours and theirs and theirs["accuracy"] > 0
-                else math.nan
-            )
+            ratio = accuracy_ratio(ours, theirs)
             row.append(ratio)
             pair = f"{ours['accuracy']:.2f} / {theirs['accuracy']:.2f}" if ours and theirs else "no reference"
             text.append(("n/a" if math.isnan(ratio) else f"{ratio:.2f}") + f"\n({pair})")

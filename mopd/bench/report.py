@@ -92,12 +92,19 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
         ours, theirs = rows.get((student, domain, effort)), rows.get((teacher, domain, effort))
         if ours is None or theirs is None:
             continue
-        ratio = ours["accuracy"] / theirs["accuracy"] if theirs["accuracy"] > 0 else math.nan
+        ratio = accuracy_ratio(ours, theirs)
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
         lines.append(
             f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} |"
         )
     return lines
+
+
+def accuracy_ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float:
+    """ours / theirs accuracy; NaN when either is missing or the reference scored 0."""
+    if not ours or not theirs or theirs["accuracy"] <= 0:
+        return math.nan
+    return ours["accuracy"] / theirs["accuracy"]
 
 
 def cell_text(row: dict[str, Any] | None, keys: tuple[str, ...], number: str) -> str:
