@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, split_of
-from mopd.envs.agent_db import _build, build_database
+from mopd.envs.agent_db import FIRST_NAMES, _build, build_database
 from mopd.envs.base import Task, split_thinking
 from mopd.envs.bench_agent import main
 from mopd.envs.chat import render_turns
@@ -79,8 +79,9 @@ def test_a_write_to_any_other_row_scores_zero(env):
         assert verdict.reward == 0 and verdict.details["unexpected_rows"] == 1, family
 
 
-def test_question_answers_are_checked_against_the_database(env):
-    task = first_of("order_total")
+@pytest.mark.parametrize("family", ["order_total", "order_count"])
+def test_question_answers_are_checked_against_the_database(env, family):
+    task = first_of(family)
     transcript = env.solve(task)
     verdict = env.verify(task, transcript)
     expected = verdict.details["expected_answer"]
@@ -260,3 +261,14 @@ def test_short_system_prompt_keeps_the_protocol_and_drops_the_schema(env):
     assert all(short.verify(task, short.solve(task)).reward == 1.0 for task in tasks)
     with pytest.raises(ValueError, match="system_prompt='long'"):
         AgentEnv(system_prompt="long")
+
+
+def test_order_count_names_customers_by_number_only():
+    """The family for tiny models: the only thing to copy from the prompt is a number."""
+    tasks = AgentEnv(families=["order_count"], max_lookups=2).sample(20, seed=3, effort="low")
+    for task in tasks:
+        assert not any(name in task.prompt for name in FIRST_NAMES)
+        assert all(f"#{cid}" in task.prompt for cid in task.meta["goal"]["customer_ids"])
+        transcript = AgentEnv(families=["order_count"]).solve(task)
+        assert len(transcript) == 3  # one COUNT query, its observation, the answer
+    assert {len(task.meta["goal"]["customer_ids"]) for task in tasks} == {1, 2}

@@ -475,6 +475,38 @@ def _solve_order_total(s: _Session, goal: dict[str, Any]) -> None:
     s.finish(f"SQL gives {total} and my sum gives {running}: {verdict}. The answer is {total}.", total)
 
 
+def _make_order_count(rng: random.Random, conn: sqlite3.Connection, lookups: int) -> dict[str, Any]:
+    ids = [cid for (cid,) in conn.execute("SELECT DISTINCT customer_id FROM orders ORDER BY customer_id")]
+    return {"customer_ids": sorted(rng.sample(ids, min(lookups, len(ids))))}
+
+
+def _prompt_order_count(goal: dict[str, Any]) -> str:
+    ids = [f"#{cid}" for cid in goal["customer_ids"]]
+    who = f"customer {ids[0]}" if len(ids) == 1 else f"customers {' and '.join([', '.join(ids[:-1]), ids[-1]])} together"
+    return f"How many orders were placed by {who}? Answer with the number only."
+
+
+def _apply_order_count(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
+    return conn.execute(
+        f"SELECT COUNT(*) FROM orders WHERE customer_id IN ({sql_list(goal['customer_ids'])})").fetchone()[0]
+
+
+def _solve_order_count(s: _Session, goal: dict[str, Any]) -> None:
+    ids = sql_list(goal["customer_ids"])
+    count_sql = f"SELECT COUNT(*) FROM orders WHERE customer_id IN ({ids})"
+    if s.effort == "low":
+        return s.finish("", s.query("", count_sql)[0][0])
+    if s.effort == "high":
+        count = s.query(f"I count the orders with customer_id in ({ids}).", count_sql)[0][0]
+        return s.finish(f"There are {count} such orders.", count)
+    rows = s.query(f"I list the orders with customer_id in ({ids}), count them myself, then check with COUNT.",
+                   f"SELECT id FROM orders WHERE customer_id IN ({ids}) ORDER BY id")
+    listed = ", ".join(order_id for (order_id,) in rows)
+    count = s.query(f"The orders are {listed}: {len(rows)} by my count. Let me confirm with SQL.", count_sql)[0][0]
+    verdict = "they agree" if int(count) == len(rows) else "they differ, so I trust the SQL count"
+    s.finish(f"SQL gives {count} and I counted {len(rows)}: {verdict}. The answer is {count}.", count)
+
+
 FACTOR_WORDS = {2: "twice", 3: "three times"}
 
 
@@ -689,6 +721,7 @@ def _solve_place_order(s: _Session, goal: dict[str, Any]) -> None:
 
 FAMILIES: dict[str, Family] = {
     "order_total": Family(_make_order_total, _prompt_order_total, _apply_order_total, _solve_order_total),
+    "order_count": Family(_make_order_count, _prompt_order_count, _apply_order_count, _solve_order_count),
     "set_price": Family(_make_set_price, _prompt_set_price, _apply_set_price, _solve_set_price),
     "move_stock": Family(_make_move_stock, _prompt_move_stock, _apply_move_stock, _solve_move_stock),
     "place_order": Family(_make_place_order, _prompt_place_order, _apply_place_order, _solve_place_order),
