@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,15 @@ import yaml
 
 from mopd.bench import plots
 from mopd.bench.report import markdown
-from mopd.bench.run import ModelRef, bench_command, bench_run_dir, run_bench, run_bench_stage, run_models
+from mopd.bench.run import (
+    ModelRef,
+    bench_command,
+    bench_run_dir,
+    run_bench,
+    run_bench_stage,
+    run_models,
+    task_standard_error,
+)
 from mopd.bench.suite import BenchError, SuiteError, check_held_out, load_suite, make_env, select
 from mopd.envs import get_env
 from mopd.envs.tokenizer import build_tiny_tokenizer
@@ -400,6 +409,10 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
         f"{accuracy['student']:.2f}",
         "—" if ratio is None else f"{ratio:.2f}",
     ]
+    se = {r["model"]: r["accuracy_se"] for r in report["results"]}
+    gap, two_se = cells[5].split(" ± ")
+    assert gap == f"{accuracy['student'] - accuracy['general-low']:+.2f}"
+    assert two_se == f"{2 * math.hypot(se['student'], se['general-low']):.2f}"
     with pytest.raises(BenchError, match=r"no recipe\.json"):
         bench_run_dir(tmp_path / "not_a_run")
 
@@ -421,3 +434,9 @@ def test_pipeline_stage_benchmarks_its_inputs_into_the_stage_dir(tmp_path, check
     evaluated = [(r["model"], r["domain"], r["effort"], r["tasks"]) for r in report["results"]]
     assert evaluated == [(name, "general", "low", 1) for name in ("base", "general-low", "student")]
     assert report["backend"] == "hf" and (run_dir / "bench" / "report.md").is_file()
+
+
+def test_accuracy_standard_error_counts_tasks_not_samples():
+    assert task_standard_error([[1.0, 1.0], [0.0, 0.0]]) == pytest.approx(0.5)  # two tasks: means 1 and 0
+    assert task_standard_error([[1.0, 0.0], [1.0, 0.0]]) == 0.0  # the same mean on every task
+    assert math.isnan(task_standard_error([[1.0, 0.0, 1.0]]))  # one task: no spread to measure

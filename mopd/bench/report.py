@@ -86,7 +86,10 @@ def table(
 def recovery_table(report, student: str, teachers: dict[str, str], target: float = 0.9) -> list[str]:
     """Per cell: how much of its teacher's accuracy the student recovers (MOPD's goal: ≥ 90%)."""
     rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
-    lines = ["| cell | teacher | student | student / teacher | ≥ 90% |", "|---|---:|---:|---:|:---:|"]
+    lines = [
+        "| cell | teacher | student | student / teacher | ≥ 90% | student − teacher ± 2 SE |",
+        "|---|---:|---:|---:|:---:|---:|",
+    ]
     for cell, teacher in teachers.items():
         domain, effort = cell.split("-")
         ours, theirs = rows.get((student, domain, effort)), rows.get((teacher, domain, effort))
@@ -94,10 +97,17 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
             continue
         ratio = accuracy_ratio(ours, theirs)
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
+        gap = ours["accuracy"] - theirs["accuracy"]
         lines.append(
-            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} |"
+            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
+            f"| {gap:+.2f} ± {fmt(2 * difference_se(ours, theirs), '{:.2f}')} |"
         )
     return lines
+
+
+def difference_se(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
+    """Standard error of a difference of two accuracies, as if independent (conservative on shared tasks)."""
+    return math.hypot(ours.get("accuracy_se", math.nan), theirs.get("accuracy_se", math.nan))
 
 
 def accuracy_ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float:

@@ -398,6 +398,7 @@ def cell_metrics(
         "samples": len(rollouts) // len(groups),
         "budget_tokens": budget.budget_tokens,
         "accuracy": mean(r.verdict.reward for r in rollouts),
+        "accuracy_se": task_standard_error([[r.verdict.reward for r in group] for group in groups]),
         "pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
         "shaped_reward": mean(r.reward for r in rollouts),
         "closed_think_rate": mean(r.closed_think for r in rollouts),
@@ -418,6 +419,14 @@ def cell_metrics(
 def mean(values: Iterable[float]) -> float:
     values = [float(v) for v in values]
     return sum(values) / len(values) if values else math.nan
+
+
+def task_standard_error(rewards_per_task: list[list[float]]) -> float:
+    """Standard error of the mean reward with tasks as the unit: samples of one task are not independent."""
+    task_means = [mean(rewards) for rewards in rewards_per_task]
+    if len(task_means) < 2:
+        return math.nan
+    return float(np.std(task_means, ddof=1) / math.sqrt(len(task_means)))
 
 
 def p90(values: Iterable[float]) -> float:
