@@ -210,12 +210,6 @@ class K3HybridForCausalLM(K3HybridPreTrainedModel, GenerationMixin):
             if router.step_load is not None
         }
 
-    def freeze_moe_bias(self) -> None:
-        """Keep the routing bias as loaded (RL, distillation): the trainer then routes like the rollout
-        engine it syncs to, and stops keeping each step's router scores for an update that never comes."""
-        for router in self.routers().values():
-            router.balance = None
-
     def update_moe_bias(self) -> dict[str, float]:
         """Call once per optimizer step: apply `config.moe_balance` to each router's bias, return the step's load stats."""
         stats = self.moe_load_stats()

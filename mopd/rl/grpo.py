@@ -65,7 +65,6 @@ def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | No
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     metrics.resume_after(resumed_from)
     model = K3HybridForCausalLM.from_pretrained(init_dir)
-    model.freeze_moe_bias()
     if spec.kl_beta > 0 and getattr(model.config, "auto_map", None) is None:
         raise ValueError(
             f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
