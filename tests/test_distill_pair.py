@@ -22,7 +22,7 @@ from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
 
-STEPS = 24
+STEPS = 48
 
 
 def mean_reward(model_dir, tasks, samples=4):
@@ -63,7 +63,7 @@ def test_pair_distillation_lowers_the_kl_and_raises_the_reward_toward_the_teache
     third = STEPS // 3
     print(f"pair: reward base {before:.3f} → student {after:.3f} (teacher {teacher_reward:.3f}); "
           f"KL per step {[round(k, 3) for k in kl]}")  # fmt: skip
-    assert fmean(kl[-third:]) < 0.9 * fmean(kl[:third])
+    assert fmean(kl[-third:]) < 0.85 * fmean(kl[:third])
     assert after > before + 0.1
     assert after <= teacher_reward + 0.1  # toward the teacher, not past it (reward scale 1)
 
