@@ -384,8 +384,8 @@ def sql_list(values: list[Any]) -> str:
     return ", ".join(f"'{v}'" if isinstance(v, str) else str(v) for v in values)
 
 
-def spoken_list(values: list[str]) -> str:
-    quoted = [f"'{v}'" for v in values]
+def spoken_list(values: list[str], quote: str = "'") -> str:
+    quoted = [f"{quote}{v}{quote}" for v in values]
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
 
 
@@ -482,7 +482,7 @@ def _make_order_count(rng: random.Random, conn: sqlite3.Connection, lookups: int
 
 def _prompt_order_count(goal: dict[str, Any]) -> str:
     ids = [f"#{cid}" for cid in goal["customer_ids"]]
-    who = f"customer {ids[0]}" if len(ids) == 1 else f"customers {' and '.join([', '.join(ids[:-1]), ids[-1]])} together"
+    who = f"customer {ids[0]}" if len(ids) == 1 else f"customers {spoken_list(ids, quote='')} together"
     return f"How many orders were placed by {who}? Answer with the number only."
 
 
