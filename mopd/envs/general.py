@@ -5,8 +5,10 @@ Our own families come with step-by-step traces, where thinking truly helps a tin
   mul    a × b, digit by digit with carries for each digit of b, then the rows summed
   chain  a + b − c + …, with a running total
 Each has difficulty knobs (digits, multiplier digits, chain length). The expert's scratchpad
-grows with effort: empty at low, one line per step at high, and at max each line also writes
-the partial result so far.
+grows with effort: at low only sums of one-digit terms get their few lines (other answers come
+straight away), at high there is one line per step, and at max each line also writes the
+partial result so far. A model of ~1M parameters answers even 1 + 7 straight away only by chance
+(the tiny base did so 5% of the time), so RL at low effort saw no reward to sharpen.
 
 Reasoning-gym families are named `rg/<name>` (e.g. `rg/gcd`) and are scored by reasoning-gym's
 own scorer; they have no trace, so the expert writes a short think block and the gold answer.
@@ -145,8 +147,10 @@ class GeneralEnv:
     # ------------------------------------------------------------------------------ the expert
     def solve(self, task: Task) -> str:
         family = task.meta["family"]
-        if family.startswith(RG_PREFIX) or task.effort == "low":
+        if family.startswith(RG_PREFIX):
             thinking = "" if task.effort == "low" else f"The answer is {task.meta['answer']}."
+        elif task.effort == "low" and not one_digit_terms(task.meta["terms"]):
+            thinking = ""
         else:
             explicit = task.effort == "max"
             thinking = TRACES[family](task.meta["terms"], task.meta["ops"], explicit)
@@ -268,6 +272,11 @@ def chain_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
 
 
 TRACES = {"add": add_trace, "mul": mul_trace, "chain": chain_trace}
+
+
+def one_digit_terms(terms: list[int]) -> bool:
+    """Low effort still writes these steps: a line per term fits its small budget."""
+    return all(-9 <= term <= 9 for term in terms)
 
 
 # ----------------------------------------------------------------------------------- answers
