@@ -1,12 +1,15 @@
 """The stage graph of a recipe run: each stage is a directory, skipped when already complete.
 
 A stage is complete when its directory holds `stage.json` with the hash of the stage's config and
-of the stages it reads. Changing a field re-runs that stage and everything downstream; a crash
-re-runs only the unfinished stage, which resumes from its own last checkpoint.
+of the stages it reads. Changing a field re-runs that stage and everything downstream, from
+scratch: work in its directory from other inputs is moved to `<stage>.previous/` first, so no
+checkpoint of the old config is resumed. A crash re-runs only the unfinished stage, which
+resumes from its own last checkpoint (`started.json` names the inputs that checkpoint is for).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ class Stage:
     config: dict[str, Any]  # everything in the recipe this stage's output depends on
     run: StageFn
     needs: tuple[str, ...] = ()
+    checks_own_parts: bool = False  # keeps its directory and checks each part's inputs itself (teachers)
 
 
 @dataclass
@@ -63,9 +67,12 @@ class Pipeline:
             console.print(f"[dim]✓ {stage.name}: complete for these inputs ({digest}), skipped[/dim]")
             return "skipped"
         console.print(f"[bold]▶ {stage.name}[/bold]")
+        if not stage.checks_own_parts:
+            set_aside_work_of_other_inputs(stage_dir, digest)
         start = time.time()
         context = StageContext(self.recipe, self.run_dir, stage_dir, {n: self.run_dir / n for n in stage.needs})
         stage_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(stage_dir / "started.json", {"name": stage.name, "hash": digest})
         stage.run(context)
         seconds = round(time.time() - start, 1)
         write_json_atomic(stage_dir / "stage.json", {"name": stage.name, "hash": digest, "seconds": seconds})
@@ -83,6 +90,18 @@ class Pipeline:
                 },
             },
         )
+
+
+def set_aside_work_of_other_inputs(stage_dir: Path, digest: str) -> None:
+    """Move a stage directory started (or finished) for other inputs to `<stage>.previous/`, replacing
+    an older one: resuming its checkpoints would continue a run of another config."""
+    marker = read_json(stage_dir / "started.json", default=None) or read_json(stage_dir / "stage.json", default={})
+    if marker.get("hash") in (None, digest):
+        return
+    previous = stage_dir.with_name(stage_dir.name + ".previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    stage_dir.rename(previous)
+    console.print(f"[yellow]{stage_dir.name}: work of other inputs ({marker['hash']}) moved to {previous}[/yellow]")
 
 
 # ----------------------------------------------------------------------------- the recipe's graph
@@ -108,6 +127,7 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
             {**shared, "rollout": recipe.rollout, "specs": {c: hashed_fields(s) for c, s in specs.items()}},
             teachers,
             needs=("base",),
+            checks_own_parts=True,  # a teacher is kept or cleared by its own spec hash
         ),
         Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
               run_distill, needs=("base", "teachers")),

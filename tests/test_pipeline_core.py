@@ -39,6 +39,33 @@ def test_a_failed_stage_is_not_marked_complete(tmp_path):
     assert Pipeline(Recipe(name="t"), tmp_path, [counting_stage("a", calls)]).run() == {"a": "done"}
 
 
+def resuming_stage(config, seen, crash=False):
+    """Counts steps in a checkpoint file of its directory, resuming from what is there."""
+
+    def run(ctx):
+        checkpoint = ctx.dir / "checkpoint.txt"
+        seen.append(checkpoint.read_text() if checkpoint.exists() else "")
+        checkpoint.write_text(seen[-1] + "step ")
+        if crash:
+            raise RuntimeError("killed")
+
+    return Stage("distill", config, run)
+
+
+def test_a_crashed_stage_resumes_but_a_changed_config_starts_afresh(tmp_path):
+    recipe, seen = Recipe(name="t"), []
+    with pytest.raises(RuntimeError):
+        Pipeline(recipe, tmp_path, [resuming_stage({"lr": 1}, seen, crash=True)]).run()
+    Pipeline(recipe, tmp_path, [resuming_stage({"lr": 1}, seen)]).run()
+    Pipeline(recipe, tmp_path, [resuming_stage({"lr": 2}, seen)]).run()
+    assert seen == ["", "step ", ""]  # resumed after the crash; lr=2 did not resume lr=1's checkpoint
+    assert (tmp_path / "distill.previous" / "checkpoint.txt").read_text() == "step step "
+    with pytest.raises(RuntimeError):
+        Pipeline(recipe, tmp_path, [resuming_stage({"lr": 3}, seen, crash=True)]).run()
+    Pipeline(recipe, tmp_path, [resuming_stage({"lr": 4}, seen)]).run()
+    assert seen[-2:] == ["", ""]  # a crashed lr=3 is not resumed by lr=4 either
+
+
 def test_atomic_dir_keeps_the_old_artifact_when_writing_fails(tmp_path):
     target = tmp_path / "ckpt"
     with atomic_dir(target) as d:
