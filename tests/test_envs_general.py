@@ -116,13 +116,14 @@ def test_scratchpad_grows_with_effort_on_hard_instances():
         assert lengths[0] < lengths[1] < lengths[2], (task.prompt, lengths)
 
 
-def test_low_effort_writes_the_steps_of_one_digit_sums_only():
+def test_low_effort_writes_the_steps_of_short_one_digit_sums_only():
     env = GeneralEnv(families=["add", "chain"], add_digits=(1, 2), chain_terms=(2, 3), chain_digits=(1, 1))
     task = env.sample(1, seed=0, effort="low")[0]
     for family, terms, ops, answer, thinking in [
         ("chain", [4, 1, 6], ["+", "-"], "-1", "4+1=5\n5-6=-1"),
         ("add", [8, 8], ["+"], "16", "8+8+0=16\ncarry 1"),
         ("add", [4, 65], ["+"], "69", ""),  # a two-digit term: answered straight away
+        ("chain", [1, 2, 3, 4], ["+", "+", "+"], "10", ""),  # four steps would not fit the budget
     ]:
         meta = {"family": family, "terms": terms, "ops": ops, "answer": answer}
         one = dataclasses.replace(task, meta=meta)

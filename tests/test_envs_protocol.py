@@ -135,14 +135,17 @@ def test_budgets_fit_hard_traces_at_high_and_max_but_never_at_low(tokenizer):
         assert max(counts) <= specs[effort].budget_tokens
 
 
-def test_expert_earns_full_shaped_reward_on_a_thousand_tasks_across_efforts(tokenizer):
+def test_expert_is_right_and_within_budget_on_a_thousand_tasks_across_efforts(tokenizer):
+    """Right and within budget: the shaped reward is the verdict less only the length penalty
+    (low effort thinks a little on short sums, and pays for it)."""
     env, specs = GeneralEnv(), default_effort_specs()
     tasks = [t for effort in EFFORTS for t in env.sample(334, seed=9, effort=effort)][:1000]
-    rewards = []
+    full = []
     for task in tasks:
-        completion = env.solve(task)
-        verdict = env.verify(task, completion)
-        rewards.append(shape_reward(verdict, thinking_tokens(completion, tokenizer), specs[task.effort]))
-    rate = sum(r == 1.0 for r in rewards) / len(rewards)
-    print(f"expert full shaped reward on 1000 general tasks: {rate:.4f}")
+        completion, spec = env.solve(task), specs[task.effort]
+        thinking = thinking_tokens(completion, tokenizer)
+        shaped = shape_reward(env.verify(task, completion), thinking, spec)
+        full.append(shaped == pytest.approx(1.0 - spec.length_penalty * thinking / spec.budget_tokens))
+    rate = sum(full) / len(full)
+    print(f"expert right and within budget on 1000 general tasks: {rate:.4f}")
     assert rate >= 0.99

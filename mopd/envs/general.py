@@ -5,7 +5,7 @@ Our own families come with step-by-step traces, where thinking truly helps a tin
   mul    a × b, digit by digit with carries for each digit of b, then the rows summed
   chain  a + b − c + …, with a running total
 Each has difficulty knobs (digits, multiplier digits, chain length). The expert's scratchpad
-grows with effort: at low only sums of one-digit terms get their few lines (other answers come
+grows with effort: at low only two or three one-digit terms get their few lines (other answers come
 straight away), at high there is one line per step, and at max each line also writes the
 partial result so far. A model of ~1M parameters answers even 1 + 7 straight away only by chance
 (the tiny base did so 5% of the time), so RL at low effort saw no reward to sharpen.
@@ -149,7 +149,7 @@ class GeneralEnv:
         family = task.meta["family"]
         if family.startswith(RG_PREFIX):
             thinking = "" if task.effort == "low" else f"The answer is {task.meta['answer']}."
-        elif task.effort == "low" and not one_digit_terms(task.meta["terms"]):
+        elif task.effort == "low" and not fits_low_effort(task.meta["terms"]):
             thinking = ""
         else:
             explicit = task.effort == "max"
@@ -274,9 +274,10 @@ def chain_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
 TRACES = {"add": add_trace, "mul": mul_trace, "chain": chain_trace}
 
 
-def one_digit_terms(terms: list[int]) -> bool:
-    """Low effort still writes these steps: a line per term fits its small budget."""
-    return all(-9 <= term <= 9 for term in terms)
+def fits_low_effort(terms: list[int]) -> bool:
+    """Low effort still writes the steps of two or three one-digit terms: up to ~14 tokens, inside
+    its small budget (the default is 16 thinking tokens)."""
+    return len(terms) <= 3 and all(-9 <= term <= 9 for term in terms)
 
 
 # ----------------------------------------------------------------------------------- answers
