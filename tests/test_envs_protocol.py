@@ -140,12 +140,12 @@ def test_expert_is_right_and_within_budget_on_a_thousand_tasks_across_efforts(to
     (low effort thinks a little on short sums, and pays for it)."""
     env, specs = GeneralEnv(), default_effort_specs()
     tasks = [t for effort in EFFORTS for t in env.sample(334, seed=9, effort=effort)][:1000]
-    full = []
+    right = []
     for task in tasks:
         completion, spec = env.solve(task), specs[task.effort]
         thinking = thinking_tokens(completion, tokenizer)
         shaped = shape_reward(env.verify(task, completion), thinking, spec)
-        full.append(shaped == pytest.approx(1.0 - spec.length_penalty * thinking / spec.budget_tokens))
-    rate = sum(full) / len(full)
+        right.append(shaped == pytest.approx(1.0 - spec.length_penalty * thinking / spec.budget_tokens))
+    rate = sum(right) / len(right)
     print(f"expert right and within budget on 1000 general tasks: {rate:.4f}")
     assert rate >= 0.99
