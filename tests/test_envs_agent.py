@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, split_of
+from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, parse_rows, split_of
 from mopd.envs.agent_db import FIRST_NAMES, _build, build_database
 from mopd.envs.base import Task, split_thinking
 from mopd.envs.bench_agent import main
@@ -79,7 +79,7 @@ def test_a_write_to_any_other_row_scores_zero(env):
         assert verdict.reward == 0 and verdict.details["unexpected_rows"] == 1, family
 
 
-@pytest.mark.parametrize("family", ["order_total", "order_count"])
+@pytest.mark.parametrize("family", ["order_total", "order_count", "order_diff"])
 def test_question_answers_are_checked_against_the_database(env, family):
     task = first_of(family)
     transcript = env.solve(task)
@@ -269,6 +269,26 @@ def test_order_count_names_customers_by_number_only():
     for task in tasks:
         assert not any(name in task.prompt for name in FIRST_NAMES)
         assert all(f"#{cid}" in task.prompt for cid in task.meta["goal"]["customer_ids"])
-        transcript = AgentEnv(families=["order_count"]).solve(task)
-        assert len(transcript) == 3  # one COUNT query, its observation, the answer
+        for effort in ("low", "max"):
+            transcript = AgentEnv(families=["order_count"]).solve(replace(task, effort=effort))
+            assert len(transcript) == 3  # one COUNT query, its observation, the answer
     assert {len(task.meta["goal"]["customer_ids"]) for task in tasks} == {1, 2}
+
+
+def test_order_diff_subtracts_two_counts_on_paper_above_low_effort():
+    """Where effort pays in the agent domain: the same two lookups, then a one-digit subtraction
+    written in the last think block at high and max, and done in the head at low."""
+    env = AgentEnv(families=["order_diff"], system_prompt="short", max_turns=6)
+    for task in env.sample(20, seed=4, effort="low"):
+        goal = task.meta["goal"]
+        assert f"#{goal['more']}" in task.prompt and f"#{goal['fewer']}" in task.prompt
+        for effort in ("low", "high", "max"):
+            transcript = env.solve(replace(task, effort=effort))
+            verdict = env.verify(task, transcript)
+            answer = verdict.details["expected_answer"]
+            assert verdict.reward == 1 and 1 <= answer <= 9
+            assert len(transcript) == 5  # two COUNT queries, their observations, the answer
+            counts = [int(parse_rows(turn["content"])[0][0]) for turn in transcript[1:4:2]]
+            last_thought = split_thinking(transcript[-1]["content"])[0]
+            written = f"{counts[0]}-{counts[1]}={answer}"
+            assert (written in last_thought) == (effort != "low"), (effort, last_thought)

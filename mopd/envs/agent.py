@@ -493,18 +493,43 @@ def _apply_order_count(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
 
 def _solve_order_count(s: _Session, goal: dict[str, Any]) -> None:
     ids = sql_list(goal["customer_ids"])
-    count_sql = f"SELECT COUNT(*) FROM orders WHERE customer_id IN ({ids})"
-    if s.effort == "low":
-        return s.finish("", s.query("", count_sql)[0][0])
-    if s.effort == "high":
-        count = s.query(f"I count the orders with customer_id in ({ids}).", count_sql)[0][0]
-        return s.finish(f"There are {count} such orders.", count)
-    rows = s.query(f"I list the orders with customer_id in ({ids}), count them myself, then check with COUNT.",
-                   f"SELECT id FROM orders WHERE customer_id IN ({ids}) ORDER BY id")
-    listed = ", ".join(order_id for (order_id,) in rows)
-    count = s.query(f"The orders are {listed}: {len(rows)} by my count. Let me confirm with SQL.", count_sql)[0][0]
-    verdict = "they agree" if int(count) == len(rows) else "they differ, so I trust the SQL count"
-    s.finish(f"SQL gives {count} and I counted {len(rows)}: {verdict}. The answer is {count}.", count)
+    count = s.query(s.think(high=f"I count the orders with customer_id in ({ids}).",
+                            max="COUNT(*) gives the number of rows, so no listing is needed."),
+                    f"SELECT COUNT(*) FROM orders WHERE customer_id IN ({ids})")[0][0]
+    s.finish(s.think(high=f"There are {count} such orders.", max=f"The answer is {count}."), count)
+
+
+def _make_order_diff(rng: random.Random, conn: sqlite3.Connection, lookups: int) -> dict[str, Any] | None:
+    counts = dict(conn.execute("SELECT customer_id, COUNT(*) FROM orders GROUP BY customer_id"))
+    more, fewer = rng.sample(sorted(counts), 2)
+    if counts[more] < counts[fewer]:
+        more, fewer = fewer, more
+    if counts[more] == counts[fewer] or counts[more] > 9:
+        return None
+    return {"more": more, "fewer": fewer}
+
+
+def _prompt_order_diff(goal: dict[str, Any]) -> str:
+    return (f"How many more orders did customer #{goal['more']} place than customer #{goal['fewer']}? "
+            "Answer with the number only.")
+
+
+def _apply_order_diff(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
+    count = "SELECT COUNT(*) FROM orders WHERE customer_id = ?"
+    return conn.execute(count, (goal["more"],)).fetchone()[0] - conn.execute(count, (goal["fewer"],)).fetchone()[0]
+
+
+def _solve_order_diff(s: _Session, goal: dict[str, Any]) -> None:
+    """Two counts, then a one-digit subtraction: written out at high and max, in the head at low.
+
+    Low-effort agent turns carry no scratchpad, so this is where effort pays in the agent domain.
+    """
+    more, fewer = goal["more"], goal["fewer"]
+    a = int(s.query(s.think(high=f"I count the orders of #{more}, then of #{fewer}."),
+                    f"SELECT COUNT(*) FROM orders WHERE customer_id = {more}")[0][0])
+    b = int(s.query(s.think(high=f"#{more} placed {a}.", max=f"Now #{fewer}."),
+                    f"SELECT COUNT(*) FROM orders WHERE customer_id = {fewer}")[0][0])
+    s.finish(s.think(high=f"{a}-{b}={a - b}", max=f"#{more} placed {a - b} more than #{fewer}."), a - b)
 
 
 FACTOR_WORDS = {2: "twice", 3: "three times"}
@@ -722,6 +747,7 @@ def _solve_place_order(s: _Session, goal: dict[str, Any]) -> None:
 FAMILIES: dict[str, Family] = {
     "order_total": Family(_make_order_total, _prompt_order_total, _apply_order_total, _solve_order_total),
     "order_count": Family(_make_order_count, _prompt_order_count, _apply_order_count, _solve_order_count),
+    "order_diff": Family(_make_order_diff, _prompt_order_diff, _apply_order_diff, _solve_order_diff),
     "set_price": Family(_make_set_price, _prompt_set_price, _apply_set_price, _solve_set_price),
     "move_stock": Family(_make_move_stock, _prompt_move_stock, _apply_move_stock, _solve_move_stock),
     "place_order": Family(_make_place_order, _prompt_place_order, _apply_place_order, _solve_place_order),
