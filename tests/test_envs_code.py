@@ -143,3 +143,21 @@ def test_iid_eval_draws_may_reuse_training_functions():
     iid = {t.meta["content_hash"] for t in CodeEnv(**options, disjoint_eval=False).sample(40, 0, "eval")}
     assert not disjoint & train
     assert len(iid & train) > len(iid) // 2
+
+
+def test_arith_works_out_its_step_on_paper_above_low_effort(env):
+    """The step of the sequence is not in the words: high and max write the subtraction that
+    gives it before the code, low writes the code straight away."""
+    tasks = CodeEnv(families=["arith"]).sample(30, seed=2)
+    for task in tasks:
+        terms = [int(t) for t in task.prompt.split("begins ")[1].split(".\n")[0].split(", ")]
+        step = terms[1] - terms[0]
+        assert terms[2] - terms[1] == step and 1 <= step <= 4
+        written = f"{terms[1]}-{terms[0]}={step}"
+        solved = {e: env.solve(Task(task.id, task.domain, e, task.prompt, task.meta)) for e in ("low", "high", "max")}
+        for effort, text in solved.items():
+            thinking = text.partition("</think>")[0]
+            assert (written in thinking) == (effort != "low"), (effort, thinking)
+        assert f"y = {step} * n" in solved["low"] or (step == 1 and "y = n" in solved["low"])
+    verdicts = env.verify_many(tasks, [env.solve(t) for t in tasks])
+    assert [v.reward for v in verdicts] == [1.0] * len(tasks)

@@ -10,6 +10,8 @@ is the number of steps.
   string_count   f(s) -> int: (difficulty - 1) string steps, then a count
   sequence       f(n) -> list: an arithmetic / geometric / square sequence, then list steps
   poly           f(n) -> int: a polynomial of degree `difficulty`
+  arith          f(n) -> int: term n of an arithmetic sequence shown by its first three terms; the
+                 step is not written, so the solver subtracts two terms (any difficulty)
 
 The prompt shows the signature, the steps in words and `n_examples` examples. `meta` holds the
 hidden tests (inputs AND expected outputs, computed by running the reference solution here, in
@@ -17,7 +19,9 @@ the trusted parent) plus the family and the reference code for the solver.
 
 The expert's completion is `<think>…</think>` then the code in a ```python fence. Its scratchpad
 grows with effort: empty at low; at high the plan as code lines and a check of one example; at
-max each step in words and code, and every example traced step by step.
+max each step in words and code, and every example traced step by step. A step whose constant
+must be worked out (arith) writes that sum first at high and max, as the general domain does;
+at low it is done in the head.
 
 Train and eval never overlap: a task's canonical content is its reference code (which fixes the
 function); its hash puts it in exactly one split (1 bucket of EVAL_BUCKETS is eval). Each split
@@ -49,7 +53,7 @@ from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, spli
 from mopd.envs.chat import strip_turn_end
 from mopd.envs.sandbox import Limits, Program, RunResult, Sandbox
 
-FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly")
+FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly", "arith")
 EVAL_BUCKETS = 8
 MAX_DRAWS = 1000
 ALPHABET = "abcdeo"  # few letters, so replace/count steps usually hit something
@@ -60,6 +64,7 @@ class Step:
     words: str
     code: str  # one statement assigning `var`
     var: str
+    derivation: str = ""  # the arithmetic that gives the code's constant, when the words leave it out
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ class CodeEnv:
             "family": family,
             "entry": "f",
             "signature": function.signature,
-            "steps": [[step.words, step.code, step.var] for step in function.steps],
+            "steps": [[step.words, step.code, step.var, step.derivation] for step in function.steps],
             "arg": function.arg,
             "types": [function.arg_type, function.return_type],
             "examples": examples,
@@ -310,6 +315,17 @@ def polynomial(rng: random.Random, degree: int) -> Step:
     return Step(f"return {expr}", f"y = {expr}", "y")
 
 
+def arithmetic_sequence(rng: random.Random) -> Step:
+    start, step = rng.randint(0, 5), rng.randint(1, 4)
+    terms = ", ".join(str(start + i * step) for i in range(3))
+    return Step(
+        f"return term n (counting from 0) of the sequence that begins {terms}",
+        f"y = {linear(step, start, 'n')}",
+        "y",
+        f"{start + step}-{start}={step}",
+    )
+
+
 FAMILY_BUILDERS = {
     "list_pipeline": lambda rng, d: Function(
         "xs", "list[int]", "list[int]", tuple(list_step(rng) for _ in range(d))
@@ -325,6 +341,7 @@ FAMILY_BUILDERS = {
         "n", "int", "list[int]", (sequence_start(rng), *(list_step(rng) for _ in range(d - 1)))
     ),
     "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
+    "arith": lambda rng, d: Function("n", "int", "int", (arithmetic_sequence(rng),)),
 }
 
 
@@ -374,11 +391,12 @@ def function_from_meta(meta: dict) -> Function:
 def trace(function: Function, examples: list[dict], effort: str) -> str:
     if effort == "low":
         return ""
+    derivations = [step.derivation for step in function.steps if step.derivation]
     if effort == "high":
-        plan = [f"{i}. {step.code}" for i, step in enumerate(function.steps, 1)]
+        plan = [*derivations, *(f"{i}. {step.code}" for i, step in enumerate(function.steps, 1))]
         case = examples[0]
         return "\n".join([*plan, f"check f({case['args'][0]!r}) == {case['expected']!r}"])
-    lines = [f"f takes {function.arg} ({function.arg_type}) and returns {function.return_type}."]
+    lines = [f"f takes {function.arg} ({function.arg_type}) and returns {function.return_type}.", *derivations]
     for i, step in enumerate(function.steps, 1):
         lines.append(f"step {i}: {step.words}: {step.code}")
     for case in examples:
