@@ -9,6 +9,9 @@ cell's held-out tasks, and writes `runs/<recipe>/teachers/<domain>-<effort>/`: t
 teacher with the same spec is skipped. Ray restarts a dead actor (`max_restarts`) and retries its
 `run`, which resumes from the newest TRL checkpoint. The driver shows one progress line per
 teacher, read from the teachers' own metrics files.
+
+Teachers start longest first (by `expected_cost`), as many at a time as the cluster fits: left to
+Ray, queued actors start in no fixed order and the longest one often starts last.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import ray
@@ -46,11 +51,8 @@ def train_teachers(
     if todo:
         started = start_ray(recipe)
         try:
-            refs = {
-                cell: start_teacher(recipe, spec, inits[cell], teacher_dir(run_dir, cell))
-                for cell, spec in todo.items()
-            }
-            wait_with_progress(refs, {cell: spec.steps for cell, spec in todo.items()}, run_dir)
+            queue = longest_first(todo, recipe)
+            TeacherPool(recipe, todo, inits, run_dir).run(queue, slots=teacher_slots(todo.values()))
         finally:
             if started:
                 ray.shutdown()
@@ -132,6 +134,94 @@ def start_teacher(recipe: Recipe, spec, init: Path, out_dir: Path):
     return actor, actor.run.remote()
 
 
+# ------------------------------------------------------------------------------------- scheduling
+def longest_first(specs: dict[str, Any], recipe: Recipe) -> list[str]:
+    """The cells by decreasing expected cost; prints the start order once."""
+    costs = {cell: expected_cost(spec, recipe) for cell, spec in specs.items()}
+    queue = sorted(costs, key=costs.get, reverse=True)
+    print("teachers start longest first: " + ", ".join(f"{cell} ({costs[cell]:,.0f})" for cell in queue))
+    return queue
+
+
+def expected_cost(spec, recipe: Recipe, n_tasks: int = 4) -> float:
+    """Characters the teacher trains on: steps × rollouts per step × chars of prompt plus expert answer."""
+    env = teacher_env(spec, recipe)
+    try:
+        tasks = env.sample(n_tasks, recipe.seed, "train", spec.effort)
+        sample_chars = fmean(
+            len(task.prompt) + len(task.meta.get("system", "")) + answer_chars(env.solve(task))
+            for task in tasks
+        )
+    finally:
+        if hasattr(env, "close"):
+            env.close()
+    return spec.steps * spec.prompts_per_step * spec.group_size * sample_chars
+
+
+def answer_chars(solution: str | list[dict[str, str]]) -> int:
+    """An expert answer is a completion, or (agent) the transcript's assistant and observation turns."""
+    if isinstance(solution, str):
+        return len(solution)
+    return sum(len(message["content"]) for message in solution)
+
+
+def teacher_slots(specs) -> int:
+    """How many teachers the cluster runs at once: as many as fit when each needs the most any spec asks."""
+    total = ray.cluster_resources()
+    fits = [
+        int(total.get(name, 0) // need)
+        for spec in specs
+        for name, need in (("CPU", spec.resources.num_cpus), ("GPU", spec.resources.num_gpus))
+        if need > 0
+    ]
+    return max(1, min(fits, default=1))
+
+
+def run_in_slots(
+    queue: list[str], slots: int, start: Callable[[str], None], wait_one: Callable[[], str]
+) -> None:
+    """Start the queue in order, never more than `slots` running; `wait_one` blocks until one finishes and names it."""
+    waiting, running = list(queue), set()
+    while waiting or running:
+        while waiting and len(running) < slots:
+            cell = waiting.pop(0)
+            start(cell)
+            running.add(cell)
+        running.remove(wait_one())
+
+
+class TeacherPool:
+    """The Ray side of `run_in_slots`: one actor per started cell, killed once its run returns."""
+
+    def __init__(self, recipe: Recipe, specs: dict[str, Any], inits: dict[str, Path], run_dir: Path):
+        self.recipe, self.specs, self.inits, self.run_dir = recipe, specs, inits, run_dir
+        self.running: dict[Any, tuple[str, Any]] = {}  # run ref -> (cell, actor)
+        self.started: set[str] = set()
+
+    def run(self, queue: list[str], slots: int) -> None:
+        with TeacherProgress({cell: self.specs[cell].steps for cell in queue}, self.run_dir) as progress:
+            self.progress = progress
+            run_in_slots(queue, slots, self.start, self.wait_one)
+
+    def start(self, cell: str) -> None:
+        actor, ref = start_teacher(
+            self.recipe, self.specs[cell], self.inits[cell], teacher_dir(self.run_dir, cell)
+        )
+        self.running[ref] = (cell, actor)
+        self.started.add(cell)
+        self.progress.start_task(self.progress.lines[cell])
+
+    def wait_one(self) -> str:
+        while True:
+            done, _ = ray.wait(list(self.running), timeout=1.0)
+            self.progress.show(self.started)
+            if done:
+                cell, actor = self.running.pop(done[0])
+                ray.get(done[0])  # a teacher that failed past its restarts raises here
+                ray.kill(actor)  # frees its CPUs for the next teacher
+                return cell
+
+
 # ------------------------------------------------------------------------------------- the actor
 class TeacherActor:
     """Trains one cell; a restarted instance resumes from the newest checkpoint in its directory."""
@@ -171,24 +261,28 @@ class TeacherActor:
 
 
 # ------------------------------------------------------------------------------------- progress
-def wait_with_progress(refs: dict[str, tuple], steps: dict[str, int], run_dir: Path) -> None:
-    """Block until every teacher is done, one rich line per teacher: step, reward, tokens."""
-    pending = {ref: actor for actor, ref in refs.values()}
-    with Progress(
-        TextColumn("{task.fields[cell]:<13}"),
-        BarColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        transient=False,
-    ) as progress:
-        lines = {cell: progress.add_task("starting", total=steps[cell], cell=cell) for cell in refs}
-        while pending:
-            done, _ = ray.wait(list(pending), timeout=1.0)
-            for ref in done:
-                ray.get(ref)  # a teacher that failed past its restarts raises here
-                ray.kill(pending.pop(ref))  # frees its CPUs for the next teacher
-            for cell, line in lines.items():
-                progress.update(line, **progress_fields(teacher_dir(run_dir, cell)))
+class TeacherProgress(Progress):
+    """One rich line per teacher: queued, or its step, reward and tokens."""
+
+    def __init__(self, steps: dict[str, int], run_dir: Path):
+        super().__init__(
+            TextColumn("{task.fields[cell]:<13}"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.run_dir = run_dir
+        # Not started until the teacher's actor is: the elapsed column then leaves out the queueing.
+        self.lines = {
+            cell: self.add_task("queued", total=total, cell=cell, start=False)
+            for cell, total in steps.items()
+        }
+
+    def show(self, started: set[str]) -> None:
+        for cell, line in self.lines.items():
+            if cell in started:
+                self.update(line, **progress_fields(teacher_dir(self.run_dir, cell)))
 
 
 def progress_fields(out_dir: Path) -> dict[str, Any]:
