@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from mopd.bench import plots
-from mopd.bench.report import markdown
+from mopd.bench.report import TABLES, markdown
 from mopd.bench.run import (
     ModelRef,
     bench_command,
@@ -440,3 +440,45 @@ def test_accuracy_standard_error_counts_tasks_not_samples():
     assert task_standard_error([[1.0, 1.0], [0.0, 0.0]]) == pytest.approx(0.5)  # two tasks: means 1 and 0
     assert task_standard_error([[1.0, 0.0], [1.0, 0.0]]) == 0.0  # the same mean on every task
     assert math.isnan(task_standard_error([[1.0, 0.0, 1.0]]))  # one task: no spread to measure
+
+
+def test_report_scores_teachers_against_the_base_and_each_model_across_efforts():
+    accuracies = {  # each teacher answers only its own cell; code-max's teacher is worse than code-high's
+        "base": {"low": 0.2, "high": 0.3, "max": 0.7},
+        "student": {"low": 0.5, "high": 0.6, "max": 0.7},
+        "code-low": {"low": 0.52}, "code-high": {"high": 0.8}, "code-max": {"max": 0.55},
+    }  # fmt: skip
+    other_metrics = dict.fromkeys((key for _, keys, _ in TABLES for key in keys), 0.0)
+    results = [
+        {**other_metrics, "model": model, "domain": "code", "effort": effort, "accuracy": accuracy, "accuracy_se": 0.05}
+        for model, by_effort in accuracies.items()
+        for effort, accuracy in by_effort.items()
+    ]
+    models = [{"name": "base", "role": "base"}, {"name": "student", "role": "student"}] + [
+        {"name": f"code-{e}", "role": "teacher", "cell": f"code-{e}"} for e in ("low", "high", "max")
+    ]
+    report = {
+        "suite": {"name": "unit", "path": "unit.yaml", "n": 4, "seeds": [1001], "samples": 1, "temperature": 1.0},
+        "machine": {"cpu_count": 2, "torch": "x", "platform": "y"},
+        "backend": "hf",
+        "efforts": {e: {"budget_tokens": b} for e, b in (("high", 96), ("low", 16), ("max", 384))},
+        "models": models,
+        "results": results,
+    }
+    text = markdown(report)
+
+    def rows(title: str) -> list[list[str]]:
+        section = text.split(f"## {title}")[1].split("##")[0]
+        lines = [line for line in section.splitlines() if line.startswith("| ")][1:]
+        return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+    assert rows("Teachers against the base (accuracy)") == [
+        ["code/low", "0.20", "0.52", "+0.32 ± 0.14", "yes"],
+        ["code/high", "0.30", "0.80", "+0.50 ± 0.14", "yes"],
+        ["code/max", "0.70", "0.55", "-0.15 ± 0.14", "no"],
+    ]
+    assert rows("Accuracy by effort") == [  # efforts in their own order, not the report's
+        ["base", "code", "0.20", "0.30", "0.70", "yes"],
+        ["student", "code", "0.50", "0.60", "0.70", "yes"],
+        ["teachers", "code", "0.52", "0.80", "0.55", "no"],
+    ]

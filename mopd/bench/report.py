@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
 
 from mopd.artifacts import write_json_atomic, write_text_atomic
+from mopd.envs.base import EFFORTS
 
 # (title, metric keys shown as "a / b", number format)
 TABLES: list[tuple[str, tuple[str, ...], str]] = [
@@ -54,9 +56,13 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for title, keys, number in TABLES:
         lines += ["", f"## {title}", "", *table(report, names, teachers, keys, number)]
+    base = next((m["name"] for m in report["models"] if m["role"] == "base"), None)
     student = next((m["name"] for m in report["models"] if m["role"] == "student"), None)
+    if base and teachers:
+        lines += ["", "## Teachers against the base (accuracy)", "", *teacher_table(report, base, teachers)]
     if student and teachers:
         lines += ["", "## Student against its teachers (accuracy)", "", *recovery_table(report, student, teachers)]
+    lines += ["", "## Accuracy by effort", "", *effort_table(report, names, teachers)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
@@ -97,12 +103,50 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
             continue
         ratio = accuracy_ratio(ours, theirs)
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
-        gap = ours["accuracy"] - theirs["accuracy"]
         lines.append(
             f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
-            f"| {gap:+.2f} ± {fmt(2 * difference_se(ours, theirs), '{:.2f}')} |"
+            f"| {gap_text(ours, theirs)} |"
         )
     return lines
+
+
+def teacher_table(report, base: str, teachers: dict[str, str]) -> list[str]:
+    """Per cell: what RL earned the teacher over the base it started from, on the same tasks."""
+    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
+    lines = ["| cell | base | teacher | teacher − base ± 2 SE | beyond 2 SE |", "|---|---:|---:|---:|:---:|"]
+    for cell, teacher in teachers.items():
+        domain, effort = cell.split("-")
+        ours, theirs = rows.get((teacher, domain, effort)), rows.get((base, domain, effort))
+        if ours is None or theirs is None:
+            continue
+        beyond = ours["accuracy"] - theirs["accuracy"] > 2 * difference_se(ours, theirs)
+        lines.append(
+            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {gap_text(ours, theirs)} "
+            f"| {'yes' if beyond else 'no'} |"
+        )
+    return lines
+
+
+def effort_table(report, names: list[str], teachers: dict[str, str]) -> list[str]:
+    """Per model and domain, accuracy at each effort: does thinking longer pay? (teachers: one per effort)"""
+    efforts = [effort for effort in EFFORTS if effort in report["efforts"]]
+    accuracy = {(r["model"], r["domain"], r["effort"]): r["accuracy"] for r in report["results"]}
+    domains = list(dict.fromkeys(r["domain"] for r in report["results"]))
+    lines = ["| model | domain | " + " | ".join(efforts) + " | rises with effort |", "|---|---|" + "---:|" * len(efforts) + ":---:|"]
+    for name in [*names, *(["teachers"] if teachers else [])]:
+        for domain in domains:
+            model_of = {e: teachers.get(f"{domain}-{e}") if name == "teachers" else name for e in efforts}
+            values = [accuracy.get((model_of[e], domain, e)) for e in efforts]
+            if None in values:
+                continue
+            shown = [round(value, 2) for value in values]  # "rises" as a reader of the table sees it
+            rises = "—" if len(shown) < 2 else "yes" if all(a < b for a, b in itertools.pairwise(shown)) else "no"
+            lines.append(f"| {name} | {domain} | " + " | ".join(f"{v:.2f}" for v in shown) + f" | {rises} |")
+    return lines
+
+
+def gap_text(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    return f"{ours['accuracy'] - theirs['accuracy']:+.2f} ± {fmt(2 * difference_se(ours, theirs), '{:.2f}')}"
 
 
 def difference_se(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
