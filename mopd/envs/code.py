@@ -19,7 +19,9 @@ the trusted parent) plus the family and the reference code for the solver.
 
 The expert's completion is `<think>…</think>` then the code in a ```python fence. Its scratchpad
 grows with effort: empty at low; at high the plan as code lines and a check of one example; at
-max each step in words and code, and every example traced step by step. A step whose constant
+max each step in words and code, and a check of every example. (The max trace used to run every
+example step by step in the scratchpad: a tiny model got those values wrong, and its code with
+them: 0.19 at max against 0.62 at low on list_reduce.) A step whose constant
 must be worked out (arith) writes that sum first at high and max, as the general domain does;
 at low it is done in the head.
 
@@ -397,15 +399,8 @@ def trace(function: Function, examples: list[dict], effort: str) -> str:
         case = examples[0]
         return "\n".join([*plan, f"check f({case['args'][0]!r}) == {case['expected']!r}"])
     lines = [f"f takes {function.arg} ({function.arg_type}) and returns {function.return_type}.", *derivations]
-    for i, step in enumerate(function.steps, 1):
-        lines.append(f"step {i}: {step.words}: {step.code}")
-    for case in examples:
-        lines.append(f"trace f({case['args'][0]!r}):")
-        namespace: dict[str, Any] = {function.arg: case["args"][0]}
-        for i, step in enumerate(function.steps, 1):
-            exec(step.code, namespace)
-            lines.append(f"  after step {i}: {step.var} = {namespace[step.var]!r}")
-        lines.append(f"  returns {namespace[function.steps[-1].var]!r}, expected {case['expected']!r}: ok")
+    lines += [f"step {i}: {step.words}: {step.code}" for i, step in enumerate(function.steps, 1)]
+    lines += [f"check f({case['args'][0]!r}) == {case['expected']!r}" for case in examples]
     return "\n".join(lines)
 
 
