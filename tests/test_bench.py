@@ -250,16 +250,32 @@ def test_bad_suite_or_flags_fail_before_sampling(tmp_path, checkpoints, no_sampl
 
 
 # ----------------------------------------------------------------------------- benchmarking
-def test_temperature_zero_gives_the_same_scores(tmp_path, checkpoints, suite_file):
+def write_terse_checkpoint(path: Path, tokenizer) -> Path:
+    """A checkpoint that closes its thinking or ends its turn at once, whatever the vocabulary: its
+    last hidden state is one signed number, and only `</think>` (+) and `<|end|>` (-) read it."""
+    write_checkpoint(path, tokenizer, seed=1)
+    model = K3HybridForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        close, end = tokenizer.convert_tokens_to_ids(["</think>", "<|end|>"])
+        model.lm_head.weight[close, 0], model.lm_head.weight[end, 0] = 100.0, -100.0
+    model.save_pretrained(path)
+    return path
+
+
+def test_temperature_zero_gives_the_same_scores(tmp_path, checkpoints, tokenizer, suite_file):
     """One checkpoint always samples the same tokens; another checkpoint samples different ones."""
-    models = [f"first={checkpoints[0]}", f"again={checkpoints[0]}", f"other={checkpoints[1]}"]
+    terse = write_terse_checkpoint(tmp_path / "terse", tokenizer)
+    models = [f"first={checkpoints[0]}", f"again={checkpoints[0]}", f"other={terse}"]
     report = run_bench(models, suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False)
     outcome = {name: scores(report, name) for name in ("first", "again", "other")}
     assert outcome["first"] == outcome["again"]
     assert outcome["first"] != outcome["other"]
     # "again" and "other" were swapped into the first engine (update_weights); a fresh engine agrees
     fresh = run_bench(
-        [f"other={checkpoints[1]}"], suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False
+        [f"other={terse}"], suite=suite_file, backend="hf", recipe=tiny_recipe(), progress=False
     )
     assert scores(fresh, "other") == outcome["other"]
     rows = [r for r in report["results"] if r["model"] == "first"]

@@ -55,7 +55,7 @@ def test_pair_distillation_lowers_the_kl_and_raises_the_reward_toward_the_teache
 
     student = distill_pair(
         teacher, base, root / "student", data_file=data, verifier="general",
-        steps=STEPS, prompts_per_step=32, learning_rate=3e-4, checkpoint_every=STEPS, progress=False,
+        steps=STEPS, prompts_per_step=32, learning_rate=1e-3, checkpoint_every=STEPS, progress=False,
     )  # fmt: skip
     after = mean_reward(student, tasks)
     curve = [json.loads(line) for line in (root / "student" / "metrics.jsonl").read_text().splitlines()]
