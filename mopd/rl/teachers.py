@@ -31,6 +31,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mopd.artifacts import MetricsLog, config_hash, read_json, write_json_atomic
 from mopd.base.sft import base_checkpoint, check_checkpoint
+from mopd.envs.tokenizer import transcript_text
 from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
 from mopd.rl.evaluate import evaluate_cell
 from mopd.rl.grpo import checkpoint_step, last_checkpoint, teacher_effort, teacher_env, train_teacher
@@ -144,25 +145,15 @@ def longest_first(specs: dict[str, Any], recipe: Recipe) -> list[str]:
 
 
 def expected_cost(spec, recipe: Recipe, n_tasks: int = 4) -> float:
-    """Characters the teacher trains on: steps × rollouts per step × chars of prompt plus expert answer."""
+    """Characters the teacher trains on: steps × rollouts per step × chars of an expert transcript."""
     env = teacher_env(spec, recipe)
     try:
         tasks = env.sample(n_tasks, recipe.seed, "train", spec.effort)
-        sample_chars = fmean(
-            len(task.prompt) + len(task.meta.get("system", "")) + answer_chars(env.solve(task))
-            for task in tasks
-        )
+        sample_chars = fmean(len(transcript_text(env, task)) for task in tasks)
     finally:
         if hasattr(env, "close"):
             env.close()
     return spec.steps * spec.prompts_per_step * spec.group_size * sample_chars
-
-
-def answer_chars(solution: str | list[dict[str, str]]) -> int:
-    """An expert answer is a completion, or (agent) the transcript's assistant and observation turns."""
-    if isinstance(solution, str):
-        return len(solution)
-    return sum(len(message["content"]) for message in solution)
 
 
 def teacher_slots(specs) -> int:
