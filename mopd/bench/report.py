@@ -91,20 +91,15 @@ def table(
 
 def recovery_table(report, student: str, teachers: dict[str, str], target: float = 0.9) -> list[str]:
     """Per cell: how much of its teacher's accuracy the student recovers (MOPD's goal: ≥ 90%)."""
-    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
     lines = [
         "| cell | teacher | student | student / teacher | ≥ 90% | student − teacher ± 2 SE |",
         "|---|---:|---:|---:|:---:|---:|",
     ]
-    for cell, teacher in teachers.items():
-        domain, effort = cell.split("-")
-        ours, theirs = rows.get((student, domain, effort)), rows.get((teacher, domain, effort))
-        if ours is None or theirs is None:
-            continue
+    for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (student, teacher)):
         ratio = accuracy_ratio(ours, theirs)
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
         lines.append(
-            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
+            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
             f"| {gap_text(ours, theirs)} |"
         )
     return lines
@@ -112,19 +107,25 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
 
 def teacher_table(report, base: str, teachers: dict[str, str]) -> list[str]:
     """Per cell: what RL earned the teacher over the base it started from, on the same tasks."""
-    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
     lines = ["| cell | base | teacher | teacher − base ± 2 SE | beyond 2 SE |", "|---|---:|---:|---:|:---:|"]
-    for cell, teacher in teachers.items():
-        domain, effort = cell.split("-")
-        ours, theirs = rows.get((teacher, domain, effort)), rows.get((base, domain, effort))
-        if ours is None or theirs is None:
-            continue
+    for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (teacher, base)):
         beyond = ours["accuracy"] - theirs["accuracy"] > 2 * difference_se(ours, theirs)
         lines.append(
-            f"| {domain}/{effort} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {gap_text(ours, theirs)} "
+            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {gap_text(ours, theirs)} "
             f"| {'yes' if beyond else 'no'} |"
         )
     return lines
+
+
+def paired_rows(report, teachers: dict[str, str], pair):
+    """("domain/effort", our row, their row) per teacher cell both models were scored on; `pair(teacher)`
+    names (ours, theirs)."""
+    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
+    for cell, teacher in teachers.items():
+        domain, effort = cell.split("-")
+        ours, theirs = (rows.get((model, domain, effort)) for model in pair(teacher))
+        if ours is not None and theirs is not None:
+            yield f"{domain}/{effort}", ours, theirs
 
 
 def effort_table(report, names: list[str], teachers: dict[str, str]) -> list[str]:
