@@ -161,3 +161,65 @@ def test_arith_works_out_its_step_on_paper_above_low_effort(env):
         assert f"y = {step} * n" in solved["low"] or (step == 1 and "y = n" in solved["low"])
     verdicts = env.verify_many(tasks, [env.solve(t) for t in tasks])
     assert [v.reward for v in verdicts] == [1.0] * len(tasks)
+
+
+def attempt_at(task: Task, effort: str, code: str) -> tuple[Task, str]:
+    return Task(task.id, task.domain, effort, task.prompt, task.meta), completion(code)
+
+
+def test_attempts_grow_with_effort_and_the_examples_decide_when_to_stop(env):
+    """Low gets one attempt; high two and max three, each failed one answered with what the
+    examples returned; an attempt that passes the examples ends the episode."""
+    task = CodeEnv(families=["arith"], n_examples=1).sample(1, seed=3)[0]
+    right, wrong = function_from_meta(task.meta).source, wrong_variant(task)
+    (example,) = task.meta["examples"]
+    n, expected = example["args"][0], example["expected"]
+    for effort, attempts in {"low": 1, "high": 2, "max": 3}.items():
+        episode = env.reset(Task(task.id, task.domain, effort, task.prompt, task.meta))
+        observations = [env.step(episode, completion(wrong)) for _ in range(attempts)]
+        assert [done for _, done in observations] == [False] * (attempts - 1) + [True]
+        assert all(text == f"f({n}) returned {expected + 1}, expected {expected}" for text, _ in observations[:-1])
+        assert env.verify(episode.task, episode).reward == 0.0
+        with pytest.raises(ValueError, match="is over"):
+            env.step(episode, completion(right))
+    episode = env.reset(Task(task.id, task.domain, "max", task.prompt, task.meta))
+    assert env.step(episode, completion(wrong))[1] is False
+    assert env.step(episode, completion(right)) == (None, True)  # passes the examples: over
+    assert env.verify(episode.task, episode).reward == 1.0 and episode.attempts == 2
+
+
+def test_attempt_feedback_names_errors_and_a_bad_turn_ends_the_episode(env):
+    task = CodeEnv(families=["string_ops"], n_examples=1).sample(1, seed=4, effort="high")[0]
+    arg = task.meta["examples"][0]["args"][0]
+    episode = env.reset(task)
+    assert env.step(episode, completion("def f(s):\n    return s[0] + 1")) == (
+        f"f({arg!r}) raised TypeError: can only concatenate str (not \"int\") to str", False)
+    assert env.step(env.reset(task), "<think>plan</think>") == ("error: no code after </think>", False)
+    assert env.step(env.reset(task), "never closes the think block") == (None, True)
+    no_examples = Task(task.id, "code", "max", task.prompt, {**task.meta, "examples": []})
+    assert env.step(env.reset(no_examples), completion("def f(s):\n    return 1")) == (None, True)
+    with pytest.raises(ValueError, match="attempts"):
+        CodeEnv(attempts={"high": 0})
+    with pytest.raises(ValueError, match="retry_demos"):
+        CodeEnv(retry_demos=1.5)
+
+
+def test_retry_demos_show_a_failed_attempt_its_real_feedback_then_the_right_function(env):
+    demos = CodeEnv(families=["string_ops", "list_reduce", "arith"], n_examples=1, retry_demos=1.0)
+    for effort in ("low", "high", "max"):
+        solutions = [(task, demos.solve(task)) for task in demos.sample(12, seed=5, effort=effort)]
+        if effort == "low":  # one attempt: nothing to retry
+            assert all(solution == env.solve(task) for task, solution in solutions)
+            continue
+        # an example such as f([-8]) == 0 may pass whatever is tried: then the demo is the plain one
+        retried = [(task, solution) for task, solution in solutions if isinstance(solution, list)]
+        assert len(retried) >= 10
+        for task, solution in retried:
+            assert [turn["role"] for turn in solution] == ["assistant", "observation", "assistant"]
+            first, _, last = (turn["content"] for turn in solution)
+            assert demos.verify(task, first).reward == 0.0 and last == env.solve(task)
+            replayed = demos.replay(task, solution)  # the sandbox gives the same feedback
+            assert replayed.turns == solution and replayed.done
+            assert demos.verify(task, solution).reward == 1.0
+    half = CodeEnv(families=["arith"], retry_demos=0.5).sample(40, seed=6, effort="high")
+    assert 8 <= sum(isinstance(CodeEnv(families=["arith"], retry_demos=0.5).solve(t), list) for t in half) <= 32

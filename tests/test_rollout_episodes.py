@@ -96,3 +96,21 @@ def test_token_counts_come_from_the_sampled_ids(tiny_tokenizer):
     assert count_tokens([think, digit, digit, close, digit, end], tiny_tokenizer) == (2, 1)
     assert count_tokens([digit, close, end], tiny_tokenizer) == (1, 0)  # the prompt may open <think>
     assert count_tokens([think, digit, digit, digit], tiny_tokenizer) == (3, 0)  # never closed: all thinking
+
+
+def test_code_attempts_run_the_examples_between_turns(tiny_tokenizer):
+    """Above low effort a failed attempt gets the examples' result as an observation, and the
+    hidden tests judge the last attempt."""
+    env = get_env("code", families=["arith"], n_examples=1)
+    task = env.sample(1, seed=2, split="eval", effort="high")[0]
+    right = env.solve(task)
+    wrong = right.replace("return y", "return y + 1")
+    engine = ScriptedEngine(tiny_tokenizer, {task.prompt: [wrong, right]})
+    (rollout,) = run_rollouts(engine, tiny_tokenizer, {"code": env}, [task], default_effort_specs())[0]
+    assert [t["role"] for t in rollout.turns] == ["assistant", "observation", "assistant"]
+    assert "returned" in rollout.turns[1]["content"] and rollout.verdict.reward == 1.0
+    observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask) if not m])
+    assert rollout.turns[1]["content"] in observed
+    engine = ScriptedEngine(tiny_tokenizer, {task.prompt: [wrong, wrong]})
+    (rollout,) = run_rollouts(engine, tiny_tokenizer, {"code": env}, [task], default_effort_specs())[0]
+    assert len(engine.calls) == 2 and rollout.verdict.reward == 0.0

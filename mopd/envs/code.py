@@ -17,13 +17,25 @@ The prompt shows the signature, the steps in words and `n_examples` examples. `m
 hidden tests (inputs AND expected outputs, computed by running the reference solution here, in
 the trusted parent) plus the family and the reference code for the solver.
 
+Attempts grow with effort (`attempts`, default low 1, high 2, max 3). An attempt is one
+assistant turn: `<think>…</think>` then the code. Above low effort the environment runs an
+attempt on the prompt's examples in the sandbox, as a programmer runs the examples they were
+given: if they all pass, or the attempts are used up, the episode ends; otherwise an observation
+says what the code returned for the failing examples (`f(2) returned 5, expected 4`) and the
+model writes the function again. The hidden tests judge the last attempt. This is where effort
+pays in code: a tiny model's second and third tries, told what went wrong, pass where its first
+did not. The expert's transcripts show it: with `retry_demos` = p, that fraction of the
+high/max transcripts starts with a failed attempt (a constant of the solution changed, or
+another function of the family), the observation the environment gives for it, and then the
+right function.
+
 The expert's completion is `<think>…</think>` then the code in a ```python fence. Its scratchpad
 grows with effort: empty at low; at high the plan as code lines and a check of one example; at
-max each step in words and code, and a check of every example. (The max trace used to run every
-example step by step in the scratchpad: a tiny model got those values wrong, and its code with
-them: 0.19 at max against 0.62 at low on list_reduce.) A step whose constant
-must be worked out (arith) writes that sum first at high and max, as the general domain does;
-at low it is done in the head.
+max the signature in words first and a check of every example. (Longer max traces did worse on
+a tiny model: running every example step by step, 0.19 at max against 0.62 at low on
+list_reduce; every step in words and code, 0.41 at max against 0.52 at high with retries.) A
+step whose constant must be worked out (arith) writes that sum first at high and max, as the
+general domain does; at low it is done in the head.
 
 Train and eval never overlap: a task's canonical content is its reference code (which fixes the
 function); its hash puts it in exactly one split (1 bucket of EVAL_BUCKETS is eval). Each split
@@ -48,7 +60,7 @@ import marshal
 import random
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
@@ -59,6 +71,7 @@ FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "seque
 EVAL_BUCKETS = 8
 MAX_DRAWS = 1000
 ALPHABET = "abcdeo"  # few letters, so replace/count steps usually hit something
+ATTEMPTS = {"low": 1, "high": 2, "max": 3}
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,24 @@ class Function:
         return f"def f({self.arg}: {self.arg_type}) -> {self.return_type}:"
 
 
+@dataclass
+class Attempts:
+    """One code episode: the assistant's attempts and the observations on their examples."""
+
+    task: Task
+    turns: list[dict[str, str]] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def attempts(self) -> int:
+        return sum(turn["role"] == "assistant" for turn in self.turns)
+
+    @property
+    def completion(self) -> str:
+        """The last attempt: the one the hidden tests judge."""
+        return next((t["content"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
+
+
 class CodeEnv:
     domain = "code"
 
@@ -100,6 +131,8 @@ class CodeEnv:
         limits: Limits | None = None,
         backend: str = "auto",
         disjoint_eval: bool = True,
+        attempts: dict[str, int] | None = None,
+        retry_demos: float = 0.0,
     ):
         self.families = tuple(families)
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -115,6 +148,12 @@ class CodeEnv:
         self.difficulty = (low, high)
         self.max_len, self.n_tests, self.n_examples = max_len, n_tests, n_examples
         self.disjoint_eval = disjoint_eval
+        self.attempts = {**ATTEMPTS, **(attempts or {})}
+        if set(self.attempts) != set(EFFORTS) or any(not isinstance(n, int) or n < 1 for n in self.attempts.values()):
+            raise ValueError(f"code: attempts must give each of {list(EFFORTS)} a whole number >= 1, got {attempts}")
+        if not 0.0 <= retry_demos <= 1.0:
+            raise ValueError(f"code: retry_demos is a fraction in [0, 1], got {retry_demos}")
+        self.retry_demos = retry_demos
         self.sandbox_options = {"workers": workers, "limits": limits, "backend": backend}
         self._sandbox: Sandbox | None = None
 
@@ -162,18 +201,71 @@ class CodeEnv:
                 return function
         raise ValueError(f"code/{family}: difficulty {self.difficulty} leaves too few distinct functions")
 
+    # ------------------------------------------------------------------------------ episodes
+    def reset(self, task: Task) -> Attempts:
+        check_code_meta(task)
+        return Attempts(task)
+
+    def step(self, episode: Attempts, assistant_text: str) -> tuple[str | None, bool]:
+        """Take one attempt; return (what the examples showed, or None, and whether it is over)."""
+        if episode.done:
+            raise ValueError(f"episode of task {episode.task.id} is over; reset to continue")
+        episode.turns.append({"role": "assistant", "content": assistant_text})
+        last = episode.attempts >= self.attempts[episode.task.effort]
+        observation = None if last else self.run_examples(episode.task, assistant_text)
+        if observation is None:
+            episode.done = True
+            return None, True
+        episode.turns.append({"role": "observation", "content": observation})
+        return observation, False
+
+    def run_examples(self, task: Task, completion: str) -> str | None:
+        """None when the completion's code passes the prompt's examples, else what went wrong.
+
+        A turn without a closed think block gets None too: it ends the episode (and scores 0);
+        so does a task without examples (a user's task file may give only hidden tests).
+        """
+        if split_thinking(completion) is None or not task.meta.get("examples"):
+            return None
+        code = extract_code(completion)
+        if isinstance(code, Verdict):
+            return f"error: {code.details['reason']}"
+        examples = replace(task, meta={**task.meta, "tests": task.meta["examples"]})
+        nonce = secrets.token_hex(16)
+        cases = read_cases(self.sandbox.run(harness_program(code, examples, nonce)), nonce, len(task.meta["examples"]))
+        return failures(task.meta["examples"], cases)
+
+    def replay(self, task: Task, transcript: list[dict[str, str]]) -> Attempts:
+        """Re-run a transcript's attempts; its observations are ignored (the sandbox says them again)."""
+        episode = self.reset(task)
+        for turn in transcript:
+            if turn.get("role") == "assistant" and not episode.done:
+                self.step(episode, turn["content"])
+        return episode
+
     # ------------------------------------------------------------------------------- solving
-    def solve(self, task: Task) -> str:
+    def solve(self, task: Task) -> str | list[dict[str, str]]:
+        """The expert's completion; with `retry_demos`, sometimes a failed attempt comes first."""
         function = function_from_meta(task.meta)
-        thinking = trace(function, task.meta["examples"], task.effort)
-        return f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n```python\n{function.source}\n```"
+        right = completion_of(function, task.meta["examples"], task.effort)
+        demo = random.Random(f"retry:{task.id}").random() < self.retry_demos
+        wrong = failed_attempt(function, task) if demo and self.attempts[task.effort] > 1 else None
+        if wrong is None:
+            return right
+        text, observation = wrong
+        return [{"role": "assistant", "content": text}, {"role": "observation", "content": observation},
+                {"role": "assistant", "content": right}]
 
     # ----------------------------------------------------------------------------- verifying
-    def verify(self, task: Task, completion: str) -> Verdict:
+    def verify(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> Verdict:
+        """Judge the last attempt of an episode or a transcript, or a single completion."""
+        if isinstance(attempt, list):
+            attempt = self.replay(task, attempt)
+        completion = attempt.completion if isinstance(attempt, Attempts) else attempt
         return self.verify_many([task], [completion])[0]
 
     def verify_many(self, tasks: list[Task], completions: list[str]) -> list[Verdict]:
-        """Verify a batch; the sandbox runs the programs in parallel."""
+        """Verify a batch of single completions; the sandbox runs the programs in parallel."""
         verdicts: list[Verdict | None] = []
         runs: list[tuple[int, Program, str]] = []
         for i, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
@@ -390,18 +482,57 @@ def function_from_meta(meta: dict) -> Function:
 
 
 # ------------------------------------------------------------------------------------ traces
+def completion_of(function: Function, examples: list[dict], effort: str) -> str:
+    return f"{THINK_OPEN}{trace(function, examples, effort)}{THINK_CLOSE}\n```python\n{function.source}\n```"
+
+
+def failed_attempt(function: Function, task: Task, tries: int = 20) -> tuple[str, str] | None:
+    """A plausible wrong attempt that fails the examples, and the observation it gets.
+
+    The wrong function is the right one with one digit of a step changed (a slip of the hand)
+    or another function of the family, whichever fails first. It is our own generated code, so
+    it runs here; what it returns goes through JSON as a sandboxed run's values would. None
+    when nothing tried fails the examples (`f([-8]) == 0` says little).
+    """
+    rng = random.Random(f"wrong:{task.id}")
+    examples = task.meta["examples"]
+    for attempt in range(tries):
+        wrong = (attempt % 2 == 0 and slip(function, rng)) or FAMILY_BUILDERS[task.meta["family"]](
+            rng, len(function.steps)
+        )
+        try:
+            run = compile_reference(wrong.source)
+            cases = [{"ok": json.loads(json.dumps(run(*case["args"])))} for case in examples]
+        except Exception:  # a changed digit can make a constant Python refuses (07) or a bad index
+            continue
+        observation = failures(examples, cases)
+        if observation is not None:
+            return completion_of(wrong, examples, task.effort), observation
+    return None
+
+
+def slip(function: Function, rng: random.Random) -> Function | None:
+    """The function with one digit of one step's code changed; None when no step has a digit."""
+    places = [(i, pos) for i, step in enumerate(function.steps) for pos, c in enumerate(step.code) if c.isdigit()]
+    if not places:
+        return None
+    i, pos = rng.choice(places)
+    code = function.steps[i].code
+    changed = code[:pos] + rng.choice([d for d in "0123456789" if d != code[pos]]) + code[pos + 1 :]
+    steps = list(function.steps)
+    steps[i] = replace(steps[i], code=changed)
+    return replace(function, steps=tuple(steps))
+
+
 def trace(function: Function, examples: list[dict], effort: str) -> str:
     if effort == "low":
         return ""
     derivations = [step.derivation for step in function.steps if step.derivation]
+    plan = [*derivations, *(f"{i}. {step.code}" for i, step in enumerate(function.steps, 1))]
+    checks = [f"check f({case['args'][0]!r}) == {case['expected']!r}" for case in examples]
     if effort == "high":
-        plan = [*derivations, *(f"{i}. {step.code}" for i, step in enumerate(function.steps, 1))]
-        case = examples[0]
-        return "\n".join([*plan, f"check f({case['args'][0]!r}) == {case['expected']!r}"])
-    lines = [f"f takes {function.arg} ({function.arg_type}) and returns {function.return_type}.", *derivations]
-    lines += [f"step {i}: {step.words}: {step.code}" for i, step in enumerate(function.steps, 1)]
-    lines += [f"check f({case['args'][0]!r}) == {case['expected']!r}" for case in examples]
-    return "\n".join(lines)
+        return "\n".join([*plan, checks[0]])
+    return "\n".join([f"f takes {function.arg} ({function.arg_type}) and returns {function.return_type}.", *plan, *checks])
 
 
 # --------------------------------------------------------------------------------- verifying
@@ -500,8 +631,24 @@ def harness_program(code: str, task: Task, nonce: str) -> Program:
     return Program(HARNESS, marshal.dumps(payload, 4))
 
 
+def read_cases(result: RunResult, nonce: str, expected: int) -> list[dict] | str:
+    """The child's one nonce-tagged record, parsed as plain data: a result per input, or why not."""
+    records = [line[len(nonce) :] for line in result.stdout.splitlines() if line.startswith(nonce)]
+    if len(records) != 1:
+        return f"{len(records)} result records (need exactly 1)"
+    try:
+        record = json.loads(records[0])
+    except (ValueError, RecursionError):
+        return "unreadable result record"
+    cases = record.get("cases") if isinstance(record, dict) else None
+    if not isinstance(cases, list) or len(cases) != expected:
+        error = record.get("error") if isinstance(record, dict) else None
+        return str(error or "malformed result record")[:500]
+    return cases
+
+
 def score(task: Task, result: RunResult, nonce: str, backend: str) -> Verdict:
-    """Compare the child's one nonce-tagged record, parsed as plain data, to the expected outputs."""
+    """Compare the child's record to the expected outputs."""
     tests = task.meta["tests"]
     details: dict[str, Any] = {
         "status": result.status,
@@ -510,30 +657,29 @@ def score(task: Task, result: RunResult, nonce: str, backend: str) -> Verdict:
         "passed": 0,
         "total": len(tests),
     }
-    records = [line[len(nonce) :] for line in result.stdout.splitlines() if line.startswith(nonce)]
-    if len(records) != 1:
-        return Verdict(
-            0.0,
-            {
-                **details,
-                "reason": f"{len(records)} result records (need exactly 1)",
-                "stderr": result.stderr[-500:],
-            },
-        )
-    try:
-        record = json.loads(records[0])
-    except (ValueError, RecursionError):
-        return Verdict(0.0, {**details, "reason": "unreadable result record"})
-    cases = record.get("cases") if isinstance(record, dict) else None
-    if not isinstance(cases, list) or len(cases) != len(tests):
-        error = record.get("error") if isinstance(record, dict) else None
-        return Verdict(0.0, {**details, "reason": str(error or "malformed result record")[:500]})
+    cases = read_cases(result, nonce, len(tests))
+    if isinstance(cases, str):
+        return Verdict(0.0, {**details, "reason": cases, "stderr": result.stderr[-500:]})
     outcomes = [same_value(case, test["expected"]) for case, test in zip(cases, tests)]
     details["passed"] = sum(outcomes)
     if not all(outcomes):
         first = outcomes.index(False)
         details["failed"] = {"args": tests[first]["args"], "got": str(cases[first])[:300]}
     return Verdict(float(all(outcomes)), details)
+
+
+def failures(examples: list[dict], cases: list[dict] | str) -> str | None:
+    """What running the examples showed, a line per failing one; None when they all pass."""
+    if isinstance(cases, str):
+        return f"error: {cases}"
+    lines = []
+    for case, example in zip(cases, examples):
+        call = f"f({', '.join(repr(arg) for arg in example['args'])})"
+        if not isinstance(case, dict) or "ok" not in case:
+            lines.append(f"{call} raised {str(case.get('error') if isinstance(case, dict) else case)[:200]}")
+        elif not same_value(case, example["expected"]):
+            lines.append(f"{call} returned {case['ok']!r}, expected {example['expected']!r}")
+    return "\n".join(lines) or None
 
 
 def same_value(case: Any, expected: Any) -> bool:
