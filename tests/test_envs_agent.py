@@ -269,9 +269,13 @@ def test_order_count_names_customers_by_number_only():
     for task in tasks:
         assert not any(name in task.prompt for name in FIRST_NAMES)
         assert all(f"#{cid}" in task.prompt for cid in task.meta["goal"]["customer_ids"])
-        for effort in ("low", "max"):
+        for effort in ("low", "high", "max"):
             transcript = AgentEnv(families=["order_count"]).solve(replace(task, effort=effort))
             assert len(transcript) == 3  # one COUNT query, its observation, the answer
+        high, maximal = (AgentEnv(families=["order_count"]).solve(replace(task, effort=e))[0]["content"]
+                         for e in ("high", "max"))
+        # max thinks more, but before the ids: the SQL follows them exactly as at high
+        assert maximal.endswith(high.removeprefix("<think>")) and len(maximal) > len(high)
     assert {len(task.meta["goal"]["customer_ids"]) for task in tasks} == {1, 2}
 
 

@@ -411,9 +411,10 @@ class _Session:
     def finish(self, think: str, answer: Any) -> None:
         self.env.step(self.episode, f"<think>{think}</think>{answer}")
 
-    def think(self, low: str = "", high: str = "", max: str = "") -> str:
-        """The scratchpad for this effort: `max` extends `high`; low is short or empty."""
-        return {"low": low, "high": high, "max": f"{high} {max}".strip()}[self.effort]
+    def think(self, low: str = "", high: str = "", max: str = "", lead: str = "") -> str:
+        """The scratchpad for this effort: at max `lead` comes before `high` and `max` after it;
+        low is short or empty."""
+        return {"low": low, "high": high, "max": " ".join(t for t in (lead, high, max) if t)}[self.effort]
 
 
 # ---- task families -------------------------------------------------------------------------------
@@ -493,8 +494,10 @@ def _apply_order_count(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
 
 def _solve_order_count(s: _Session, goal: dict[str, Any]) -> None:
     ids = sql_list(goal["customer_ids"])
+    # The max sentence goes before the ids, not between them and the SQL that copies them: placed
+    # after, the tiny teacher's SQL named another customer (agent-max 0.29 against high 0.92).
     count = s.query(s.think(high=f"I count the orders with customer_id in ({ids}).",
-                            max="COUNT(*) gives the number of rows, so no listing is needed."),
+                            lead="COUNT(*) gives the number of rows, so no listing is needed."),
                     f"SELECT COUNT(*) FROM orders WHERE customer_id IN ({ids})")[0][0]
     s.finish(s.think(high=f"There are {count} such orders.", max=f"The answer is {count}."), count)
 
