@@ -33,7 +33,7 @@ The expert's completion is `<think>…</think>` then the code in a ```python fen
 grows with effort: empty at low; at high the plan as code lines and a check of one example; at
 max the signature in words first and a check of every example. (Longer max traces did worse on
 a tiny model: running every example step by step, 0.19 at max against 0.62 at low on
-list_reduce; every step in words and code, 0.41 at max against 0.52 at high with retries.) A
+list_reduce; every step in words and code, the base with attempts 0.41 at max against 0.52 at high.) A
 step whose constant must be worked out (arith) writes that sum first at high and max, as the
 general domain does; at low it is done in the head.
 
