@@ -223,3 +223,20 @@ def test_retry_demos_show_a_failed_attempt_its_real_feedback_then_the_right_func
             assert demos.verify(task, solution).reward == 1.0
     half = CodeEnv(families=["arith"], retry_demos=0.5).sample(40, seed=6, effort="high")
     assert 8 <= sum(isinstance(CodeEnv(families=["arith"], retry_demos=0.5).solve(t), list) for t in half) <= 32
+
+
+def test_a_batch_of_attempts_gets_what_one_by_one_would(env):
+    """`step_many` and `verify_many` run their sandbox programs in parallel; each episode still
+    gets the observation and verdict that `step` and `verify` give it alone."""
+    tasks = CodeEnv(families=["string_ops", "list_reduce", "arith"], n_examples=1).sample(8, seed=7, effort="max")
+    texts = [completion(wrong_variant(t)) if i % 2 else env.solve(t) for i, t in enumerate(tasks)]
+    texts[2] = "never closes the think block"
+    one_by_one = [env.reset(t) for t in tasks]
+    alone = [env.step(episode, text) for episode, text in zip(one_by_one, texts)]
+    batch = [env.reset(t) for t in tasks]
+    assert env.step_many(batch, texts) == alone
+    assert [e.turns for e in batch] == [e.turns for e in one_by_one]
+    assert {done for _, done in alone} == {True, False}  # the batch holds both kinds
+    verdicts = env.verify_many(tasks, batch)
+    assert [v.reward for v in verdicts] == [env.verify(t, e).reward for t, e in zip(tasks, one_by_one)]
+    assert [v.reward for v in verdicts] == [0.0 if i % 2 or i == 2 else 1.0 for i in range(len(tasks))]

@@ -208,32 +208,50 @@ class CodeEnv:
 
     def step(self, episode: Attempts, assistant_text: str) -> tuple[str | None, bool]:
         """Take one attempt; return (what the examples showed, or None, and whether it is over)."""
-        if episode.done:
-            raise ValueError(f"episode of task {episode.task.id} is over; reset to continue")
-        episode.turns.append({"role": "assistant", "content": assistant_text})
-        last = episode.attempts >= self.attempts[episode.task.effort]
-        observation = None if last else self.run_examples(episode.task, assistant_text)
-        if observation is None:
-            episode.done = True
-            return None, True
-        episode.turns.append({"role": "observation", "content": observation})
-        return observation, False
+        return self.step_many([episode], [assistant_text])[0]
 
-    def run_examples(self, task: Task, completion: str) -> str | None:
-        """None when the completion's code passes the prompt's examples, else what went wrong.
+    def step_many(self, episodes: list[Attempts], texts: list[str]) -> list[tuple[str | None, bool]]:
+        """`step` for many episodes at once: their examples run in parallel in the sandbox."""
+        for episode, text in zip(episodes, texts, strict=True):
+            if episode.done:
+                raise ValueError(f"episode of task {episode.task.id} is over; reset to continue")
+            episode.turns.append({"role": "assistant", "content": text})
+        checked = [e for e in episodes if e.attempts < self.attempts[e.task.effort]]
+        observations = self.run_examples([e.task for e in checked], [e.completion for e in checked])
+        shown = dict(zip(map(id, checked), observations))
+        outcomes = []
+        for episode in episodes:
+            observation = shown.get(id(episode))
+            if observation is None:
+                episode.done = True
+            else:
+                episode.turns.append({"role": "observation", "content": observation})
+            outcomes.append((observation, episode.done))
+        return outcomes
+
+    def run_examples(self, tasks: list[Task], completions: list[str]) -> list[str | None]:
+        """Per completion, None when its code passes the prompt's examples, else what went wrong.
 
         A turn without a closed think block gets None too: it ends the episode (and scores 0);
         so does a task without examples (a user's task file may give only hidden tests).
         """
-        if split_thinking(completion) is None or not task.meta.get("examples"):
-            return None
-        code = extract_code(completion)
-        if isinstance(code, Verdict):
-            return f"error: {code.details['reason']}"
-        examples = replace(task, meta={**task.meta, "tests": task.meta["examples"]})
-        nonce = secrets.token_hex(16)
-        cases = read_cases(self.sandbox.run(harness_program(code, examples, nonce)), nonce, len(task.meta["examples"]))
-        return failures(task.meta["examples"], cases)
+        shown: list[str | None] = []
+        runs: list[tuple[int, Program, str]] = []
+        for i, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
+            code = extract_code(completion)
+            if split_thinking(completion) is None or not task.meta.get("examples"):
+                shown.append(None)
+            elif isinstance(code, Verdict):
+                shown.append(f"error: {code.details['reason']}")
+            else:
+                shown.append(None)  # until the sandbox says otherwise, below
+                nonce = secrets.token_hex(16)
+                examples = replace(task, meta={**task.meta, "tests": task.meta["examples"]})
+                runs.append((i, harness_program(code, examples, nonce), nonce))
+        for (i, _, nonce), result in zip(runs, self.sandbox.run_many([program for _, program, _ in runs])):
+            examples = tasks[i].meta["examples"]
+            shown[i] = failures(examples, read_cases(result, nonce, len(examples)))
+        return shown
 
     def replay(self, task: Task, transcript: list[dict[str, str]]) -> Attempts:
         """Re-run a transcript's attempts; its observations are ignored (the sandbox says them again)."""
@@ -259,18 +277,15 @@ class CodeEnv:
     # ----------------------------------------------------------------------------- verifying
     def verify(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> Verdict:
         """Judge the last attempt of an episode or a transcript, or a single completion."""
-        if isinstance(attempt, list):
-            attempt = self.replay(task, attempt)
-        completion = attempt.completion if isinstance(attempt, Attempts) else attempt
-        return self.verify_many([task], [completion])[0]
+        return self.verify_many([task], [attempt])[0]
 
-    def verify_many(self, tasks: list[Task], completions: list[str]) -> list[Verdict]:
-        """Verify a batch of single completions; the sandbox runs the programs in parallel."""
+    def verify_many(self, tasks: list[Task], attempts: list[Attempts | list[dict[str, str]] | str]) -> list[Verdict]:
+        """`verify` for a batch; the sandbox runs the programs in parallel."""
         verdicts: list[Verdict | None] = []
         runs: list[tuple[int, Program, str]] = []
-        for i, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
+        for i, (task, attempt) in enumerate(zip(tasks, attempts, strict=True)):
             check_code_meta(task)
-            code = extract_code(completion)
+            code = extract_code(self.last_attempt(task, attempt))
             if isinstance(code, Verdict):
                 verdicts.append(code)
                 continue
@@ -281,6 +296,11 @@ class CodeEnv:
         for (i, _, nonce), result in zip(runs, results):
             verdicts[i] = score(tasks[i], result, nonce, self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
+
+    def last_attempt(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> str:
+        if isinstance(attempt, list):
+            attempt = self.replay(task, attempt)
+        return attempt.completion if isinstance(attempt, Attempts) else attempt
 
     def close(self) -> None:
         if self._sandbox is not None:

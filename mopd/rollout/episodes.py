@@ -5,6 +5,8 @@ verifier judges the decoded answer, and the effort protocol shapes the reward. M
 (agent) tasks alternate engine turns with environment observations; observation tokens are
 appended to the context with loss mask 0 and log-prob 0, so no loss ever learns from them.
 Token ids travel untouched: what the trainer sees is exactly what the engine sampled.
+An environment with `step_many` / `verify_many` gets each turn's episodes as one batch (the code
+sandbox runs them in parallel); others are stepped and verified one by one.
 """
 
 from __future__ import annotations
@@ -75,11 +77,13 @@ def run_rollouts(
         samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
         for rollout, (sample,) in zip(active, samples):
             append_assistant_turn(rollout, sample, tokenizer)
-        active = [r for r in active if id(r) in states and not observe(r, envs[r.task.domain], states[id(r)], tokenizer)]
+        active = observe([r for r in active if id(r) in states], envs, states, tokenizer)
         if not active:
             break
-    for rollout in flat:
-        judge(rollout, envs[rollout.task.domain], states.get(id(rollout)), efforts[rollout.task.effort], tokenizer)
+    for env, batch in by_domain(flat, envs):
+        verdicts = verify_all(env, [r.task for r in batch], [states.get(id(r), r.completion) for r in batch])
+        for rollout, verdict in zip(batch, verdicts):
+            judge(rollout, verdict, efforts[rollout.task.effort], tokenizer)
     return rollouts
 
 
@@ -98,24 +102,49 @@ def append_assistant_turn(rollout: Rollout, sample: Any, tokenizer: Any) -> None
     rollout.turn_ids.append(list(sample.token_ids))
 
 
-def observe(rollout: Rollout, env: Any, state: Any, tokenizer: Any) -> bool:
-    """Let the environment act on the last assistant turn; True when the episode is over."""
-    if rollout.truncated:
-        return True
-    observation, done = env.step(state, rollout.turns[-1]["content"])
-    if done or observation is None:
-        return True
+def by_domain(rollouts: list[Rollout], envs: Mapping[str, Any]) -> list[tuple[Any, list[Rollout]]]:
+    domains = dict.fromkeys(r.task.domain for r in rollouts)
+    return [(envs[domain], [r for r in rollouts if r.task.domain == domain]) for domain in domains]
+
+
+def observe(rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, Any], tokenizer: Any) -> list[Rollout]:
+    """Let the environments act on the last assistant turns; return the rollouts whose episodes go on.
+
+    A turn cut at its token limit ends the episode. Each domain steps its rollouts as one batch.
+    """
+    going = set()
+    for env, batch in by_domain([r for r in rollouts if not r.truncated], envs):
+        outcomes = step_all(env, [states[id(r)] for r in batch], [r.turns[-1]["content"] for r in batch])
+        for rollout, (observation, done) in zip(batch, outcomes):
+            if not done and observation is not None:
+                append_observation(rollout, observation, tokenizer)
+                going.add(id(rollout))
+    return [r for r in rollouts if id(r) in going]
+
+
+def step_all(env: Any, states: list[Any], texts: list[str]) -> list[tuple[str | None, bool]]:
+    if callable(getattr(env, "step_many", None)):
+        return env.step_many(states, texts)
+    return [env.step(state, text) for state, text in zip(states, texts)]
+
+
+def verify_all(env: Any, tasks: list[Task], attempts: list[Any]) -> list[Verdict]:
+    if callable(getattr(env, "verify_many", None)):
+        return env.verify_many(tasks, attempts)
+    return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts)]
+
+
+def append_observation(rollout: Rollout, observation: str, tokenizer: Any) -> None:
     text = f"{OBSERVATION}{observation}{END}{assistant_header(rollout.task.effort)}"
     ids = tokenizer.encode(text, add_special_tokens=False)
     rollout.token_ids += ids
     rollout.logprobs += [0.0] * len(ids)
     rollout.loss_mask += [0] * len(ids)
     rollout.turns.append({"role": "observation", "content": observation})
-    return False
 
 
-def judge(rollout: Rollout, env: Any, state: Any, spec: EffortSpec, tokenizer: Any) -> None:
-    rollout.verdict = env.verify(rollout.task, state if state is not None else rollout.completion)
+def judge(rollout: Rollout, verdict: Verdict, spec: EffortSpec, tokenizer: Any) -> None:
+    rollout.verdict = verdict
     rollout.closed_think = all(split_thinking(t["content"]) is not None for t in rollout.turns if t["role"] == "assistant")
     counts = [count_tokens(ids, tokenizer) for ids in rollout.turn_ids]
     rollout.thinking_tokens = max(thinking for thinking, _ in counts)
