@@ -17,7 +17,7 @@ from mopd.envs.chat import END
 from mopd.envs.effort import default_effort_specs
 from mopd.pipeline import StageContext
 from mopd.recipe import RecipeError, TeacherSpec, load_recipe, load_teacher_specs
-from mopd.rl.grpo import GroupRollouts, last_checkpoint, teacher_tasks, train_teacher
+from mopd.rl.grpo import GroupRollouts, TimedEnv, last_checkpoint, teacher_tasks, train_teacher
 from mopd.rl.teachers import is_finished, select_cells, spec_hash, train_teachers
 from mopd.rollout.engine import CheckpointError, Sample
 
@@ -117,6 +117,25 @@ def test_rollout_func_masks_observations_and_reports_the_batch(run_dir):
     stats = out["stats"]
     assert stats["pass_rate"] == 1.0 and stats["kl_init"] == pytest.approx(0.25)
     assert rollouts.seconds["verify"] > 0 and rollouts.seconds["generate"] > 0
+
+
+def test_batched_environment_calls_count_as_verification_time():
+    """The code env steps and verifies a turn's episodes in one call: that is verification time too."""
+
+    class SlowBatches:
+        domain = "code"
+
+        def step_many(self, states, texts):
+            time.sleep(0.05)
+            return [(None, True)] * len(states)
+
+        def verify_many(self, tasks, attempts):
+            time.sleep(0.05)
+            return []
+
+    env = TimedEnv(SlowBatches())
+    assert env.step_many([1], ["text"]) == [(None, True)] and env.verify_many([], []) == []
+    assert env.seconds >= 0.1
 
 
 def test_a_killed_teacher_resumes_from_its_last_checkpoint(run_dir):

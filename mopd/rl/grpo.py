@@ -195,7 +195,7 @@ class GroupRollouts:
 
 
 class TimedEnv:
-    """An environment whose reset / step / verify time is counted as verification time."""
+    """An environment whose reset / step / verify time (batched or not) is counted as verification time."""
 
     def __init__(self, env):
         self.env, self.seconds = env, 0.0
@@ -203,7 +203,7 @@ class TimedEnv:
 
     def __getattr__(self, name: str):
         method = getattr(self.env, name)
-        if name not in ("reset", "step", "verify"):
+        if name not in ("reset", "step", "step_many", "verify", "verify_many"):
             return method
 
         def timed(*args, **kwargs):
