@@ -236,7 +236,7 @@ class CodeEnv:
         so does a task without examples (a user's task file may give only hidden tests).
         """
         shown: list[str | None] = []
-        runs: list[tuple[int, Program, str]] = []
+        jobs: dict[int, tuple[str, Task]] = {}
         for i, (task, completion) in enumerate(zip(tasks, completions, strict=True)):
             code = extract_code(completion)
             if split_thinking(completion) is None or not task.meta.get("examples"):
@@ -245,10 +245,8 @@ class CodeEnv:
                 shown.append(f"error: {code.details['reason']}")
             else:
                 shown.append(None)  # until the sandbox says otherwise, below
-                nonce = secrets.token_hex(16)
-                examples = replace(task, meta={**task.meta, "tests": task.meta["examples"]})
-                runs.append((i, harness_program(code, examples, nonce), nonce))
-        for (i, _, nonce), result in zip(runs, self.sandbox.run_many([program for _, program, _ in runs])):
+                jobs[i] = (code, replace(task, meta={**task.meta, "tests": task.meta["examples"]}))
+        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values()))):
             examples = tasks[i].meta["examples"]
             shown[i] = failures(examples, read_cases(result, nonce, len(examples)))
         return shown
@@ -282,20 +280,22 @@ class CodeEnv:
     def verify_many(self, tasks: list[Task], attempts: list[Attempts | list[dict[str, str]] | str]) -> list[Verdict]:
         """`verify` for a batch; the sandbox runs the programs in parallel."""
         verdicts: list[Verdict | None] = []
-        runs: list[tuple[int, Program, str]] = []
+        jobs: dict[int, tuple[str, Task]] = {}
         for i, (task, attempt) in enumerate(zip(tasks, attempts, strict=True)):
             check_code_meta(task)
             code = extract_code(self.last_attempt(task, attempt))
-            if isinstance(code, Verdict):
-                verdicts.append(code)
-                continue
-            nonce = secrets.token_hex(16)
-            runs.append((i, harness_program(code, task, nonce), nonce))
-            verdicts.append(None)
-        results = self.sandbox.run_many([program for _, program, _ in runs])
-        for (i, _, nonce), result in zip(runs, results):
+            verdicts.append(code if isinstance(code, Verdict) else None)
+            if not isinstance(code, Verdict):
+                jobs[i] = (code, task)
+        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values()))):
             verdicts[i] = score(tasks[i], result, nonce, self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
+
+    def run_harnesses(self, jobs: list[tuple[str, Task]]) -> list[tuple[RunResult, str]]:
+        """Run each code on its task's tests in the sandbox, in parallel: (result, the run's nonce)."""
+        nonces = [secrets.token_hex(16) for _ in jobs]
+        programs = [harness_program(code, task, nonce) for (code, task), nonce in zip(jobs, nonces)]
+        return list(zip(self.sandbox.run_many(programs), nonces))
 
     def last_attempt(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> str:
         if isinstance(attempt, list):
