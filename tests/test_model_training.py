@@ -36,12 +36,14 @@ def copy_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, to
 
 
 def test_tiny_preset_learns_to_copy():
+    """Copying is learnt in a sudden drop (an induction circuit forms) somewhere between ~60 and 140
+    steps, depending on the seed and on float rounding: 140 steps leave seed 0 a margin (loss ~0.4)."""
     torch.manual_seed(0)
     model = K3HybridForCausalLM(preset_config("tiny", vocab_size=16)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
     losses = []
-    for _ in range(80):
+    for _ in range(140):
         ids, labels = copy_batch(16, generator)
         loss = model(ids, labels=labels).loss
         optimizer.zero_grad()
@@ -52,7 +54,7 @@ def test_tiny_preset_learns_to_copy():
     chance = math.log(SYMBOLS)
     assert losses[0] > 0.9 * chance
     final = sum(losses[-5:]) / 5
-    assert final < 0.3 * chance, f"copy loss after 80 steps {final:.3f} (chance {chance:.3f})"
+    assert final < 0.3 * chance, f"copy loss after 140 steps {final:.3f} (chance {chance:.3f})"
 
 
 def test_moe_load_is_counted_per_step_and_the_bias_moves():

@@ -28,7 +28,7 @@ from transformers import initialization as init
 
 from mopd.model.config import K3HybridConfig
 
-CHUNK_SIZE = 32  # on CPU 32 beats fla's 64: the intra-chunk work grows with the chunk size
+CHUNK_SIZE = 16  # on CPU 16 trains 1.3-1.5x faster than 32 (forward is even), and 32 beats fla's 64
 SUB_CHUNK = 16  # tokens; decays inside a chunk are factored at sub-chunk boundaries
 SAFE_EXPONENT = 80.0  # exp(+-80) stays a normal fp32 number
 
