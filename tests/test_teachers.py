@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from mopd.base import build_base
@@ -15,9 +16,18 @@ from mopd.base.sft import expert_transcripts
 from mopd.envs import get_env
 from mopd.envs.chat import END
 from mopd.envs.effort import default_effort_specs
+from mopd.model import K3HybridForCausalLM
 from mopd.pipeline import StageContext
 from mopd.recipe import RecipeError, TeacherSpec, load_recipe, load_teacher_specs
-from mopd.rl.grpo import GroupRollouts, TimedEnv, last_checkpoint, teacher_tasks, train_teacher
+from mopd.rl.grpo import (
+    GroupRollouts,
+    TimedEnv,
+    last_checkpoint,
+    sorted_by_length,
+    teacher_tasks,
+    train_teacher,
+    trim_padding,
+)
 from mopd.rl.teachers import is_finished, select_cells, spec_hash, train_teachers
 from mopd.rollout.engine import CheckpointError, Sample
 
@@ -67,6 +77,59 @@ def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_p
     assert last_checkpoint(tmp_path / "checkpoints").endswith("checkpoint-2")
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template is not None
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def padded_rollouts(prompt_lengths, completion_lengths, width_prompt=6, width_completion=7):
+    """A TRL-style batch: prompts left-padded, completions right-padded, token ids >= 3 where real."""
+    rows = len(prompt_lengths)
+    generator = torch.Generator().manual_seed(0)
+    prompt_mask = torch.tensor([[0] * (width_prompt - n) + [1] * n for n in prompt_lengths])
+    completion_mask = torch.tensor([[1] * n + [0] * (width_completion - n) for n in completion_lengths])
+    return {
+        "prompt_ids": torch.randint(3, 50, (rows, width_prompt), generator=generator) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(3, 50, (rows, width_completion), generator=generator) * completion_mask,
+        "completion_mask": completion_mask,
+        "old_per_token_logps": torch.randn(rows, width_completion, generator=generator) * completion_mask,
+        "advantages": torch.arange(rows, dtype=torch.float),
+        "num_items_in_batch": torch.tensor(sum(completion_lengths)),
+        "tags": [f"row{i}" for i in range(rows)],
+        "pixel_values": None,
+    }
+
+
+def test_micro_batches_are_cut_by_length_and_trimmed_to_their_longest_rollout():
+    batch = padded_rollouts(prompt_lengths=[4, 2, 3, 1], completion_lengths=[5, 1, 2, 3])
+    ordered = sorted_by_length(batch)
+    assert ordered["tags"] == ["row1", "row3", "row2", "row0"]  # total lengths 3, 4, 5, 9
+    assert ordered["advantages"].tolist() == [1.0, 3.0, 2.0, 0.0]
+    assert torch.equal(ordered["num_items_in_batch"], batch["num_items_in_batch"])
+
+    short = trim_padding({key: value[:2] if key != "num_items_in_batch" and value is not None else value
+                          for key, value in ordered.items()})
+    assert short["prompt_ids"].shape == (2, 2) and short["completion_ids"].shape == (2, 3)
+    assert short["old_per_token_logps"].shape == (2, 3) and short["advantages"].shape == (2,)
+    assert short["prompt_mask"].sum() == ordered["prompt_mask"][:2].sum()  # only padding was dropped
+    assert short["completion_mask"].sum() == ordered["completion_mask"][:2].sum()
+
+
+def test_trimming_padding_leaves_the_policy_log_probs_unchanged(run_dir):
+    model = K3HybridForCausalLM.from_pretrained(run_dir / "base").eval()
+    batch = padded_rollouts(prompt_lengths=[3, 2], completion_lengths=[2, 4], width_prompt=9, width_completion=11)
+    trimmed = trim_padding(batch)
+
+    def completion_logprobs(b):
+        ids = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
+        mask = torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, b["prompt_ids"].shape[1] - 1 : -1]
+        logprobs = logits.log_softmax(-1).gather(-1, b["completion_ids"][..., None]).squeeze(-1)
+        return logprobs * b["completion_mask"]
+
+    full = completion_logprobs(batch)
+    assert trimmed["prompt_ids"].shape[1] == 3 and trimmed["completion_ids"].shape[1] == 4
+    torch.testing.assert_close(completion_logprobs(trimmed), full[:, :4], atol=1e-5, rtol=1e-5)
+    assert full[:, 4:].abs().sum() == 0
 
 
 class ExpertEngine:
