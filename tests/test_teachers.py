@@ -132,6 +132,20 @@ def test_trimming_padding_leaves_the_policy_log_probs_unchanged(run_dir):
     assert full[:, 4:].abs().sum() == 0
 
 
+def test_rl_bench_compares_our_micro_batches_with_trls(run_dir, tmp_path):
+    from mopd.rl import bench
+
+    out = tmp_path / "rl.json"
+    bench.main([
+        "--recipe", str(ROOT / "recipes/smoke.yaml"), "--base", str(run_dir / "base"), "--cells", "code-max",
+        "--steps", "2", "--compare-trl-batches", "--out", str(out), "rollout=hf",
+        "teachers.common={prompts_per_step: 2, group_size: 4, micro_batch_size: 2}",
+    ])  # fmt: skip
+    cell = json.loads(out.read_text())["cells"]["code-max"]
+    ours, trl = cell["median_seconds"]["train"], cell["trl_micro_batches"]["median_seconds"]["train"]
+    assert ours > 0 and trl > 0 and cell["train_seconds_trl_over_ours"] == pytest.approx(trl / ours)
+
+
 class ExpertEngine:
     """Replays the expert's assistant turns as sampled tokens (log-prob −0.5 each)."""
 

@@ -6,6 +6,10 @@ Each cell trains `--steps` GRPO steps in-process (no Ray) at the recipe's batch 
 (prompts_per_step × group_size) from the given base; the JSON holds, per cell, the median of
 each part over the steps after the first (which pays start-up costs), their shares of the step,
 and a description of the machine.
+
+With `--compare-trl-batches` each cell also trains with TRL's own micro-batches (the step's
+rollouts shuffled, all padded to the longest), and the JSON gives the ratio of train seconds,
+TRL's over ours (length-sorted micro-batches, each trimmed to its longest rollout).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from statistics import median
 
 import torch
+from trl import GRPOTrainer
 
 from mopd.artifacts import MetricsLog, write_json_atomic
 from mopd.base.sft import check_checkpoint
@@ -27,10 +32,10 @@ from mopd.rl.grpo import train_teacher
 PARTS = ("generate", "verify", "train")
 
 
-def bench_cell(spec, recipe, base: Path, steps: int) -> dict:
+def bench_cell(spec, recipe, base: Path, steps: int, trainer_class: type | None = None) -> dict:
     spec = spec.model_copy(update={"steps": steps, "checkpoint_every": steps})
     with tempfile.TemporaryDirectory(prefix=f"rl-bench-{spec.cell}-") as out:
-        train_teacher(spec, recipe, base, Path(out))
+        train_teacher(spec, recipe, base, Path(out), trainer_class=trainer_class)
         rows = (
             MetricsLog(Path(out) / "metrics.jsonl").records()[1:]
             or MetricsLog(Path(out) / "metrics.jsonl").records()
@@ -59,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells", default="general-low,general-max", help="comma-separated teacher cells")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per cell (the first is not counted)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--compare-trl-batches", action="store_true", help="also train with TRL's micro-batches; report the ratio"
+    )
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("overrides", nargs="*", help="recipe overrides KEY=VALUE")
     args = parser.parse_args(argv)
@@ -69,9 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in args.cells.split(",") if c not in specs]
     if unknown:
         parser.error(f"--cells: {unknown} are not teacher cells of {args.recipe} ({', '.join(specs)})")
-    cells = {
-        cell: bench_cell(specs[cell], recipe, Path(args.base), args.steps) for cell in args.cells.split(",")
-    }
+    cells = {}
+    for cell in args.cells.split(","):
+        cells[cell] = bench_cell(specs[cell], recipe, Path(args.base), args.steps)
+        if args.compare_trl_batches:
+            trl = bench_cell(specs[cell], recipe, Path(args.base), args.steps, trainer_class=GRPOTrainer)
+            cells[cell]["trl_micro_batches"] = trl
+            cells[cell]["train_seconds_trl_over_ours"] = (
+                trl["median_seconds"]["train"] / cells[cell]["median_seconds"]["train"]
+            )
     report = {"recipe": recipe.name, "rollout": recipe.rollout, "cells": cells, "machine": describe_machine()}
     write_json_atomic(args.out, report)
     print(json.dumps(report, indent=2))

@@ -49,8 +49,13 @@ def teacher_tasks(env, spec, recipe) -> list:
     return env.sample(spec.steps * spec.prompts_per_step, recipe.seed + RL_SEED_OFFSET, "train", spec.effort)
 
 
-def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | None = None) -> int:
-    """Run GRPO for `spec.steps` steps (resuming from out_dir's last checkpoint); returns the step resumed from."""
+def train_teacher(
+    spec, recipe, init_dir: Path, out_dir: Path, backend: str | None = None, trainer_class: type | None = None
+) -> int:
+    """Run GRPO for `spec.steps` steps (resuming from out_dir's last checkpoint); returns the step resumed from.
+
+    `trainer_class`: LengthSortedGRPOTrainer by default; TRL's own GRPOTrainer for a benchmark baseline.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
@@ -75,7 +80,7 @@ def train_teacher(spec, recipe, init_dir: Path, out_dir: Path, backend: str | No
             f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
             "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
         )
-    trainer = LengthSortedGRPOTrainer(
+    trainer = (trainer_class or LengthSortedGRPOTrainer)(
         model=model,
         reward_funcs=shaped_reward,
         args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
