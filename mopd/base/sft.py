@@ -63,9 +63,12 @@ def train_base(recipe, out: Path) -> None:
     transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
     tokenizer = build_tokenizer([text for text, _ in transcripts], sft.vocab_size)
     rng = random.Random(recipe.seed)
+    episodes = [episode for _, episode in transcripts]
+    noisy = [rng.random() < sft.noise for _ in episodes]
+    wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy)], rng)
     examples = [
-        tokenize_example(tokenizer, envs[task.domain], task, turns, rng, sft.noise, sft.max_length)
-        for _, (task, turns) in transcripts
+        tokenize_example(tokenizer, task, corrupted or turns, corrupted is not None, sft.max_length)
+        for (task, turns), corrupted in zip(episodes, wrong)
     ]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
     torch.manual_seed(recipe.seed)
@@ -102,10 +105,7 @@ def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float
     return out
 
 
-def tokenize_example(tokenizer, env, task, turns, rng: random.Random, noise: float, max_length: int) -> dict:
-    wrong = corrupt(env, task, turns, rng) if rng.random() < noise else None
-    corrupted = wrong is not None
-    turns = wrong or turns
+def tokenize_example(tokenizer, task, turns, corrupted: bool, max_length: int) -> dict:
     segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
     ids, mask = tokenize_segments(tokenizer, segments)
     return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "corrupted": corrupted}
@@ -116,6 +116,28 @@ def corrupt(env, task, turns: list[dict[str, str]], rng: random.Random, tries: i
 
     None when no such change exists (an answer without digits, or only harmless ones).
     """
+    return corrupt_many({task.domain: env}, [(task, turns)], rng, tries)[0]
+
+
+def corrupt_many(envs: dict[str, Any], episodes: list, rng: random.Random, tries: int = 10) -> list:
+    """`corrupt` for each (task, turns) episode (None: leave it alone). Each round verifies every
+    still-pending episode's next candidate in one batch per domain: the code sandbox runs a batch
+    in parallel, and one at a time it was most of the data preparation (~60 s for the tiny base)."""
+    candidates = [digit_changes(episode[1], rng, tries) if episode else [] for episode in episodes]
+    wrong: list[list[dict] | None] = [None] * len(episodes)
+    pending = [i for i, options in enumerate(candidates) if options]
+    for attempt in range(tries):
+        pending = [i for i in pending if attempt < len(candidates[i])]
+        rewards = verify_grouped(envs, [(episodes[i][0], candidates[i][attempt]) for i in pending])
+        for i, reward in zip(pending, rewards):
+            if reward < 1.0:
+                wrong[i] = candidates[i][attempt]
+        pending = [i for i in pending if wrong[i] is None]
+    return wrong
+
+
+def digit_changes(turns: list[dict[str, str]], rng: random.Random, tries: int) -> list[list[dict]]:
+    """Up to `tries` copies of `turns`, each with one answer digit changed, latest turns first."""
     places = [
         (index, pos)
         for index, turn in enumerate(turns)
@@ -123,14 +145,31 @@ def corrupt(env, task, turns: list[dict[str, str]], rng: random.Random, tries: i
         for pos in answer_digits(turn["content"])
     ]
     places.sort(key=lambda place: (-place[0], rng.random()))
+    changes = []
     for index, pos in places[:tries]:
         wrong = [dict(t) for t in turns]
         text = wrong[index]["content"]
         digit = rng.choice([d for d in "0123456789" if d != text[pos]])
         wrong[index]["content"] = text[:pos] + digit + text[pos + 1 :]
-        if env.verify(task, wrong if len(turns) > 1 else wrong[0]["content"]).reward < 1.0:
-            return wrong
-    return None
+        changes.append(wrong)
+    return changes
+
+
+def verify_grouped(envs: dict[str, Any], checks: list[tuple[Any, list[dict]]]) -> list[float]:
+    """The reward of each (task, turns), one `verify_many` call per domain where the env has one."""
+    rewards: list[float] = [0.0] * len(checks)
+    by_domain: dict[str, list[int]] = {}
+    for i, (task, _) in enumerate(checks):
+        by_domain.setdefault(task.domain, []).append(i)
+    for domain, indices in by_domain.items():
+        env = envs[domain]
+        attempts = [checks[i][1] if len(checks[i][1]) > 1 else checks[i][1][0]["content"] for i in indices]
+        tasks = [checks[i][0] for i in indices]
+        verify_many = getattr(env, "verify_many", None)
+        verdicts = verify_many(tasks, attempts) if verify_many else map(env.verify, tasks, attempts)
+        for i, verdict in zip(indices, verdicts):
+            rewards[i] = verdict.reward
+    return rewards
 
 
 def answer_digits(content: str) -> list[int]:
