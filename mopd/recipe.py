@@ -132,6 +132,9 @@ class DistillSpec(Strict):
     orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
     max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind")
+    micro_batch_tokens: int | None = Field(
+        None, gt=0, description="padded tokens per train micro-batch, rollouts sorted by length; null: one batch"
+    )
     checkpoint_every: int = Field(5, gt=0)
     teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
     teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")

@@ -9,7 +9,14 @@ import torch
 from mopd.distill.fakes import seeded_copy
 from mopd.distill.routing import RoutingError
 from mopd.distill.scorer import TeacherScorer
-from mopd.distill.trainer import StalenessError, Student, check_staleness, collate, train_mopd
+from mopd.distill.trainer import (
+    StalenessError,
+    Student,
+    check_staleness,
+    collate,
+    length_sorted_micro_batches,
+    train_mopd,
+)
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.model import K3HybridForCausalLM, preset_config
@@ -59,6 +66,35 @@ def test_the_trainer_recomputes_exactly_what_the_teacher_scores(setup):
     # same weights: the trainer's padded batch gives the teacher's per-sequence log-probs on every real token
     torch.testing.assert_close(train * batch.mask, batch.teacher_logprobs, atol=1e-5, rtol=0)
     assert batch.mask.sum(1).tolist() == [3, 8, 5]
+
+
+@pytest.mark.parametrize("full_vocab_kl", [False, True])
+def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_vocab_kl):
+    _, student_dir, _ = setup
+    gen = torch.Generator().manual_seed(1)
+    rollouts, cells = [], []
+    for i, (p, c) in enumerate([(6, 3), (30, 40), (4, 8), (9, 5), (25, 2), (5, 30)]):
+        cell = CELLS[i % 2]
+        r = Rollout(Task(f"t{i}", "general", cell.split("-")[1], "q"), torch.randint(3, 100, (p,), generator=gen).tolist())
+        r.token_ids = torch.randint(3, 100, (c,), generator=gen).tolist()
+        r.logprobs = (-torch.rand(c, generator=gen)).tolist()
+        r.loss_mask = [int(x) for x in torch.rand(c, generator=gen) < 0.8]
+        r.reward = float(i % 3 == 0)
+        rollouts.append(r)
+        cells.append(cell)
+    scores = TeacherScorer(setup[2][CELLS[0]]).score(
+        [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=full_vocab_kl
+    )
+    # no IcePop mask: these made-up rollout log-probs are far from the student's, it would zero every token
+    options = {"full_vocab_kl": full_vocab_kl, "orm_alpha": 0.5, "importance": {"mode": "none"}}
+    whole = Student.load(student_dir, spec(**options), reference_dir=student_dir)
+    split = Student.load(student_dir, spec(micro_batch_tokens=64, **options), reference_dir=student_dir)
+    assert len(length_sorted_micro_batches(rollouts, 64)) >= 3
+    metrics = [student.train_step(rollouts, scores, cells) for student in (whole, split)]
+    for a, b in zip(whole.model.parameters(), split.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    for name in ("loss", "reverse_kl", "grad_norm", "general-low/reverse_kl", "general-high/tokens"):
+        assert metrics[0][name] == pytest.approx(metrics[1][name], rel=1e-4, abs=1e-6), name
 
 
 def test_staleness_beyond_the_bound_is_an_error():

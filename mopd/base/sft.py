@@ -218,17 +218,18 @@ def length_grouped_batches(examples: list[dict], sft, rng: random.Random, pool: 
         batches = []
         for start in range(0, len(order), pool):
             chunk = sorted(order[start : start + pool], key=lambda i: len(examples[i]["input_ids"]))
-            batches += pack(chunk, [len(examples[i]["input_ids"]) for i in chunk], sft)
+            batches += pack(chunk, [len(examples[i]["input_ids"]) for i in chunk], sft.batch_tokens, sft.batch_size)
         rng.shuffle(batches)
         for indices in batches:
             yield [examples[i] for i in indices]
 
 
-def pack(indices: list[int], lengths: list[int], sft) -> list[list[int]]:
-    """Consecutive runs of `indices` (sorted by length) whose padded size fits `sft.batch_tokens`."""
+def pack(indices: list[int], lengths: list[int], max_tokens: int, max_rows: int | None = None) -> list[list[int]]:
+    """Consecutive runs of `indices` (sorted by length) whose padded size (rows × longest) fits
+    `max_tokens`, at most `max_rows` each; a row longer than `max_tokens` is a run of its own."""
     batches, current = [], []
     for index, length in zip(indices, lengths):
-        if current and ((len(current) + 1) * length > sft.batch_tokens or len(current) == sft.batch_size):
+        if current and ((len(current) + 1) * length > max_tokens or len(current) == max_rows):
             batches.append(current)
             current = []
         current.append(index)

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
+from mopd.base.sft import pack
 from mopd.distill.loss import full_vocab_reverse_kl, importance_weights, mopd_loss, token_metrics
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool, TeacherScores
@@ -259,8 +260,45 @@ class Student:
         self.tokenizer.save_pretrained(path)
 
     def train_step(self, rollouts: list[Rollout], scores: list[TeacherScores], cells: list[str]) -> dict:
+        """One optimizer step over all rollouts, in micro-batches of similar length.
+
+        Each micro-batch's loss is weighted by its share of the step's tokens, so the summed
+        gradients equal those of the whole batch at once (padding every rollout to the longest
+        would cost the most compute where rollouts differ most: a sum next to an agent episode).
+        """
         spec = self.spec
-        batch = collate(rollouts, scores, self.model.config.pad_token_id or 0).to(self.model.device)
+        pad_id = self.model.config.pad_token_id or 0
+        full = collate(rollouts, scores, pad_id)  # completion-only tensors, for the metrics
+        orm = orm_advantages(rollouts, cells)
+        total_tokens = full.mask.sum().clamp(min=1)
+        train_logprobs = torch.zeros_like(full.rollout_logprobs)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for rows in length_sorted_micro_batches(rollouts, spec.micro_batch_tokens):
+            batch = collate([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id).to(self.model.device)
+            loss, logprobs = self.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows])
+            share = batch.mask.sum().clamp(min=1) / total_tokens
+            (loss * share).backward()
+            loss_sum += float(loss.detach() * share)
+            train_logprobs[rows, : logprobs.shape[1]] = logprobs.detach().cpu()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
+        self.optimizer.step()
+        moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
+        _, out_of_bounds = importance_weights(
+            train_logprobs, full.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
+        )
+        return {
+            "loss": loss_sum,
+            "grad_norm": float(grad_norm),
+            **token_metrics(train_logprobs, full.rollout_logprobs, full.teacher_logprobs, full.mask, out_of_bounds),
+            **rollout_metrics(rollouts),
+            **per_cell_metrics(rollouts, cells, train_logprobs, full, spec),
+            **moe,
+        }
+
+    def micro_batch_loss(self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MOPD loss averaged over the micro-batch's tokens, the trainer's log-probs [B, T])."""
+        spec = self.spec
         logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         reference = None
@@ -270,28 +308,15 @@ class Student:
             reference = torch.log_softmax(ref_logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         loss_args = dict(
             importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
-            orm_advantages=orm_advantages(rollouts, cells).to(batch.mask.device), orm_alpha=spec.orm_alpha,
+            orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
             reference_logprobs=reference, reward_scale=spec.reward_scale,
         )  # fmt: skip
-        out = mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args)
-        loss = out.loss
-        if spec.full_vocab_kl:  # the exact KL replaces the sampled-token estimate; the ORM term stays
-            teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
-            outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **loss_args)
-            loss = full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
-        self.optimizer.step()
-        moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
-        return {
-            "loss": float(loss.detach()),
-            "grad_norm": float(grad_norm),
-            **out.metrics,
-            **rollout_metrics(rollouts),
-            **per_cell_metrics(rollouts, cells, train_logprobs, batch, spec),
-            **moe,
-        }
+        if not spec.full_vocab_kl:
+            return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
+        # the exact KL replaces the sampled-token estimate; the ORM term stays
+        teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
+        outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **loss_args)
+        return full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss, train_logprobs
 
     @staticmethod
     def completion_logits(model, batch: Batch) -> torch.Tensor:
@@ -319,6 +344,16 @@ def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -
         rollout_logprobs=pad_stack([torch.tensor(r.logprobs, dtype=torch.float32) for r in rollouts], steps),
         teacher_logprobs=pad_stack([s.logprobs.float() for s in scores], steps),
     )
+
+
+def length_sorted_micro_batches(rollouts: list[Rollout], max_tokens: int | None) -> list[list[int]]:
+    """Rollout indices sorted by length, cut into runs whose padded size fits `max_tokens`
+    (None: one batch of all)."""
+    lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
+    if max_tokens is None:
+        return [list(range(len(rollouts)))]
+    order = sorted(range(len(rollouts)), key=lengths.__getitem__)
+    return pack(order, [lengths[i] for i in order], max_tokens)
 
 
 def pad_stack(rows: list[torch.Tensor], length: int, dtype=torch.float32) -> torch.Tensor:
