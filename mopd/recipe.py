@@ -87,7 +87,7 @@ class TeacherSpec(Strict):
     kl_beta: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(5, gt=0)
     resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
-    max_restarts: int = Field(2, ge=0, description="times Ray restarts a failed actor (from its last checkpoint)")
+    max_restarts: int = Field(2, ge=0, description="times Ray restarts a teacher's dead actor and retries the cell (from its last checkpoint)")
     eval_tasks: int = Field(32, ge=0, description="held-out tasks scored for base vs teacher; 0 skips")
     eval_samples: int = Field(2, gt=0, description="samples per held-out task")
 

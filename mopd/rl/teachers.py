@@ -1,13 +1,13 @@
-"""The nine teachers on Ray: one actor per cell, restarted from its last checkpoint when it fails.
+"""The nine teachers on Ray actors, one cell at a time per actor, restarted from the last checkpoint.
 
     train_teachers(recipe, run_dir, only=["code-max", ...])
 
-Each actor trains its cell with GRPO (`mopd.rl.grpo`), then scores the base and itself on the
+Each cell is trained with GRPO (`mopd.rl.grpo`), then scores the base and itself on the
 cell's held-out tasks, and writes `runs/<recipe>/teachers/<domain>-<effort>/`: the HF checkpoint,
-`metrics.jsonl`, `attempts.jsonl` (one line per actor start: pid, step resumed from) and, last,
+`metrics.jsonl`, `attempts.jsonl` (one line per attempt: pid, step resumed from) and, last,
 `teacher.json` (spec hash + held-out scores), the mark of a finished teacher. A finished
-teacher with the same spec is skipped. Ray restarts a dead actor (`max_restarts`) and retries its
-`run`, which resumes from the newest TRL checkpoint. The driver shows one progress line per
+teacher with the same spec is skipped. Ray restarts an actor that died (`max_restarts`) and retries
+its cell, which resumes from the newest TRL checkpoint. The driver shows one progress line per
 teacher, read from the teachers' own metrics files.
 
 Teachers start longest first (by `expected_cost`), as many at a time as the cluster fits: left to
@@ -111,7 +111,7 @@ def start_ray(recipe: Recipe) -> bool:
     """Connect to (or start) Ray as the recipe says; True when this call started it."""
     if ray.is_initialized():
         return False
-    # Ray starts workers at nice 15; here the actors are the job itself, so on a shared box they
+    # Ray starts workers at nice 15; here the teachers are the job itself, so on a shared box they
     # would starve behind every other process.
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(
@@ -124,15 +124,25 @@ def start_ray(recipe: Recipe) -> bool:
     return True
 
 
-def start_teacher(recipe: Recipe, spec, init: Path, out_dir: Path):
-    actor_class = ray.remote(TeacherActor).options(
-        num_cpus=spec.resources.num_cpus,
-        num_gpus=spec.resources.num_gpus,
-        max_restarts=spec.max_restarts,
-        max_task_retries=spec.max_restarts,
+class TeacherWorker:
+    """A Ray actor that trains teachers one after another: its process imports torch, TRL and vLLM
+    once (~13 s on one CPU), not once per cell. Ray restarts a worker that died and retries the cell
+    it was training (`max_restarts` per cell), which resumes from its last checkpoint."""
+
+    def run(self, recipe: Recipe, spec, init: str, out_dir: str) -> dict[str, Any]:
+        return run_teacher(recipe, spec, init, out_dir)
+
+
+def start_workers(specs: list, slots: int) -> list:
+    """`slots` workers, each with the most CPUs and GPUs any of the specs asks for."""
+    restarts = sum(spec.max_restarts for spec in specs)
+    worker = ray.remote(TeacherWorker).options(
+        num_cpus=max(spec.resources.num_cpus for spec in specs),
+        num_gpus=max(spec.resources.num_gpus for spec in specs),
+        max_restarts=restarts,
+        max_task_retries=restarts,
     )
-    actor = actor_class.remote(recipe, spec, str(init), str(out_dir))
-    return actor, actor.run.remote()
+    return [worker.remote() for _ in range(slots)]
 
 
 # ------------------------------------------------------------------------------------- scheduling
@@ -182,23 +192,29 @@ def run_in_slots(
 
 
 class TeacherPool:
-    """The Ray side of `run_in_slots`: one actor per started cell, killed once its run returns."""
+    """The Ray side of `run_in_slots`: a worker actor per slot, each cell on the next idle one."""
 
     def __init__(self, recipe: Recipe, specs: dict[str, Any], inits: dict[str, Path], run_dir: Path):
         self.recipe, self.specs, self.inits, self.run_dir = recipe, specs, inits, run_dir
-        self.running: dict[Any, tuple[str, Any]] = {}  # run ref -> (cell, actor)
+        self.running: dict[Any, tuple[str, Any]] = {}  # run ref -> (cell, worker)
         self.started: set[str] = set()
 
     def run(self, queue: list[str], slots: int) -> None:
-        with TeacherProgress({cell: self.specs[cell].steps for cell in queue}, self.run_dir) as progress:
-            self.progress = progress
-            run_in_slots(queue, slots, self.start, self.wait_one)
+        self.idle = start_workers([self.specs[cell] for cell in queue], min(slots, len(queue)))
+        workers = list(self.idle)
+        try:
+            with TeacherProgress({cell: self.specs[cell].steps for cell in queue}, self.run_dir) as progress:
+                self.progress = progress
+                run_in_slots(queue, slots, self.start, self.wait_one)
+        finally:
+            for worker in workers:
+                ray.kill(worker)
 
     def start(self, cell: str) -> None:
-        actor, ref = start_teacher(
-            self.recipe, self.specs[cell], self.inits[cell], teacher_dir(self.run_dir, cell)
-        )
-        self.running[ref] = (cell, actor)
+        worker = self.idle.pop()
+        out_dir = teacher_dir(self.run_dir, cell)
+        ref = worker.run.remote(self.recipe, self.specs[cell], str(self.inits[cell]), str(out_dir))
+        self.running[ref] = (cell, worker)
         self.started.add(cell)
         self.progress.start_task(self.progress.lines[cell])
 
@@ -207,48 +223,42 @@ class TeacherPool:
             done, _ = ray.wait(list(self.running), timeout=1.0)
             self.progress.show(self.started)
             if done:
-                cell, actor = self.running.pop(done[0])
+                cell, worker = self.running.pop(done[0])
                 ray.get(done[0])  # a teacher that failed past its restarts raises here
-                ray.kill(actor)  # frees its CPUs for the next teacher
+                self.idle.append(worker)
                 return cell
 
 
-# ------------------------------------------------------------------------------------- the actor
-class TeacherActor:
-    """Trains one cell; a restarted instance resumes from the newest checkpoint in its directory."""
+# ------------------------------------------------------------------------------------- one teacher
+def run_teacher(recipe: Recipe, spec, init: str, out_dir: str) -> dict[str, Any]:
+    """Train one cell, resuming from the newest checkpoint in `out_dir`; returns its teacher.json."""
+    out_dir, init = Path(out_dir), Path(init)
+    torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
+    resumed_from = checkpoint_step(last_checkpoint(out_dir / "checkpoints"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "attempts.jsonl").open("a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "resumed_from": resumed_from, "time": time.time()}) + "\n")
+    train_teacher(spec, recipe, init, out_dir)
+    summary = {
+        "spec": spec.cell,
+        "spec_hash": spec_hash(spec, recipe, init),
+        "init": str(init),
+        "steps": spec.steps,
+        **held_out_scores(spec, recipe, init, out_dir),
+    }
+    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    write_json_atomic(out_dir / "teacher.json", summary)
+    return summary
 
-    def __init__(self, recipe: Recipe, spec, init: str, out_dir: str):
-        self.recipe, self.spec, self.init, self.out_dir = recipe, spec, Path(init), Path(out_dir)
-        torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
 
-    def run(self) -> dict[str, Any]:
-        resumed_from = checkpoint_step(last_checkpoint(self.out_dir / "checkpoints"))
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with (self.out_dir / "attempts.jsonl").open("a") as f:
-            f.write(
-                json.dumps({"pid": os.getpid(), "resumed_from": resumed_from, "time": time.time()}) + "\n"
-            )
-        train_teacher(self.spec, self.recipe, self.init, self.out_dir)
-        summary = {
-            "spec": self.spec.cell,
-            "spec_hash": spec_hash(self.spec, self.recipe, self.init),
-            "init": str(self.init),
-            "steps": self.spec.steps,
-            **self.held_out_scores(),
-        }
-        shutil.rmtree(self.out_dir / "checkpoints", ignore_errors=True)
-        write_json_atomic(self.out_dir / "teacher.json", summary)
-        return summary
-
-    def held_out_scores(self) -> dict[str, Any]:
-        if self.spec.eval_tasks == 0:
-            return {}
-        env, effort = teacher_env(self.spec, self.recipe), teacher_effort(self.spec, self.recipe)
-        base, teacher = (
-            evaluate_cell(model_dir, self.spec, self.recipe, env, effort, self.recipe.rollout)
-            for model_dir in (self.init, self.out_dir)
-        )
-        return {"base": base, "teacher": teacher, "margin": teacher["reward"] - base["reward"]}
+def held_out_scores(spec, recipe: Recipe, init: Path, out_dir: Path) -> dict[str, Any]:
+    if spec.eval_tasks == 0:
+        return {}
+    env, effort = teacher_env(spec, recipe), teacher_effort(spec, recipe)
+    base, teacher = (
+        evaluate_cell(model_dir, spec, recipe, env, effort, recipe.rollout) for model_dir in (init, out_dir)
+    )
+    return {"base": base, "teacher": teacher, "margin": teacher["reward"] - base["reward"]}
 
 
 # ------------------------------------------------------------------------------------- progress
@@ -264,7 +274,7 @@ class TeacherProgress(Progress):
             transient=False,
         )
         self.run_dir = run_dir
-        # Not started until the teacher's actor is: the elapsed column then leaves out the queueing.
+        # Not started until the teacher's worker is: the elapsed column then leaves out the queueing.
         self.lines = {
             cell: self.add_task("queued", total=total, cell=cell, start=False)
             for cell, total in steps.items()
