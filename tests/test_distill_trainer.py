@@ -70,7 +70,7 @@ def test_the_trainer_recomputes_exactly_what_the_teacher_scores(setup):
 
 @pytest.mark.parametrize("full_vocab_kl", [False, True])
 def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_vocab_kl):
-    _, student_dir, _ = setup
+    _, student_dir, teachers = setup
     gen = torch.Generator().manual_seed(1)
     rollouts, cells = [], []
     for i, (p, c) in enumerate([(6, 3), (30, 40), (4, 8), (9, 5), (25, 2), (5, 30)]):
@@ -82,7 +82,7 @@ def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_v
         r.reward = float(i % 3 == 0)
         rollouts.append(r)
         cells.append(cell)
-    scores = TeacherScorer(setup[2][CELLS[0]]).score(
+    scores = TeacherScorer(teachers[CELLS[0]]).score(
         [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=full_vocab_kl
     )
     # no IcePop mask: these made-up rollout log-probs are far from the student's, it would zero every token

@@ -127,7 +127,8 @@ def start_ray(recipe: Recipe) -> bool:
 class TeacherWorker:
     """A Ray actor that trains teachers one after another: its process imports torch, TRL and vLLM
     once (~13 s on one CPU), not once per cell. Ray restarts a worker that died and retries the cell
-    it was training (`max_restarts` per cell), which resumes from its last checkpoint."""
+    it was training, which resumes from its last checkpoint; a worker may restart as often as its
+    cells' `max_restarts` add up to."""
 
     def run(self, recipe: Recipe, spec, init: str, out_dir: str) -> dict[str, Any]:
         return run_teacher(recipe, spec, init, out_dir)
