@@ -279,22 +279,32 @@ def test_order_count_names_customers_by_number_only():
     assert {len(task.meta["goal"]["customer_ids"]) for task in tasks} == {1, 2}
 
 
-def test_order_diff_subtracts_two_counts_on_paper_above_low_effort():
-    """Where effort pays in the agent domain: the same lookup of both counts, then a one-digit
-    subtraction written in the last think block at high and max, and done in the head at low."""
-    env = AgentEnv(families=["order_diff"], system_prompt="short", max_turns=6)
-    for task in env.sample(20, seed=4, effort="low"):
+def test_order_diff_subtracts_on_paper_at_high_only_once_and_at_max_every_time():
+    """Where effort pays in the agent domain: the same lookup of every count, then one-digit
+    subtractions in the last think block: none at low, one at high, any number at max. With
+    more to subtract than one line, high answers from the head like low."""
+    env = AgentEnv(families=["order_diff"], system_prompt="short", max_turns=6, max_lookups=2)
+    tasks = env.sample(40, seed=4, effort="low")
+    assert {len(task.meta["goal"]["fewer"]) for task in tasks} == {1, 2}
+    for task in tasks:
         goal = task.meta["goal"]
-        assert f"#{goal['more']}" in task.prompt and f"#{goal['fewer']}" in task.prompt
+        ids = [goal["more"], *goal["fewer"]]
+        assert all(f"#{customer}" in task.prompt for customer in ids)
         for effort in ("low", "high", "max"):
             transcript = env.solve(replace(task, effort=effort))
             verdict = env.verify(task, transcript)
             answer = verdict.details["expected_answer"]
             assert verdict.reward == 1 and 1 <= answer <= 9
-            assert len(transcript) == 3  # one query counting both, its observation, the answer
+            assert len(transcript) == 3  # one query counting all, its observation, the answer
             rows = parse_rows(transcript[1]["content"])
-            assert [int(row[0]) for row in rows] == [goal["more"], goal["fewer"]]  # the larger count first
+            assert int(rows[0][0]) == goal["more"] and sorted(int(row[0]) for row in rows) == sorted(ids)
             counts = [int(row[1]) for row in rows]
+            assert counts == sorted(counts, reverse=True)  # the largest count first
+            lines, left = [], counts[0]
+            for count in counts[1:]:
+                lines.append(f"{left}-{count}={left - count}")
+                left -= count
+            assert left == answer
             last_thought = split_thinking(transcript[-1]["content"])[0]
-            written = f"{counts[0]}-{counts[1]}={answer}"
-            assert (written in last_thought) == (effort != "low"), (effort, last_thought)
+            written = effort == "max" or (effort == "high" and len(lines) == 1)
+            assert last_thought.endswith("\n".join(lines)) == written, (effort, last_thought)

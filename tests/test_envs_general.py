@@ -5,8 +5,16 @@ import dataclasses
 import pytest
 
 from mopd.envs import get_env
-from mopd.envs.base import EFFORTS
-from mopd.envs.general import DEFAULT_FAMILIES, OWN_FAMILIES, GeneralEnv, normalize_answer, split_of
+from mopd.envs.base import EFFORTS, split_thinking
+from mopd.envs.chat import strip_turn_end
+from mopd.envs.general import (
+    DEFAULT_FAMILIES,
+    OWN_FAMILIES,
+    GeneralEnv,
+    chain_trace,
+    normalize_answer,
+    split_of,
+)
 
 RG_EXTRA = ("rg/spell_backward", "rg/leg_counting", "rg/number_sorting")
 ALL_FAMILIES = (*DEFAULT_FAMILIES, *RG_EXTRA)
@@ -109,11 +117,35 @@ def test_sampling_is_deterministic_and_effort_changes_only_the_effort(env):
     assert [dataclasses.replace(t, effort="high") for t in at_max] == first
 
 
-def test_scratchpad_grows_with_effort_on_hard_instances():
+def test_max_works_out_every_hard_instance_and_high_all_but_long_chains():
     env = GeneralEnv(families=list(OWN_FAMILIES), add_digits=(6, 6), mul_digits=(4, 4), chain_terms=(6, 6))
+    assert env.high_chain_terms == 4
     for task in env.sample(30, seed=2):
-        lengths = [len(env.solve(dataclasses.replace(task, effort=e)).split("</think>")[0]) for e in EFFORTS]
-        assert lengths[0] < lengths[1] < lengths[2], (task.prompt, lengths)
+        low, high, maximal = (env.solve(dataclasses.replace(task, effort=e)).split("</think>")[0] for e in EFFORTS)
+        assert low == "<think>" and len(maximal) > len("<think>")
+        assert high == ("<think>" if task.meta["family"] == "chain" else maximal), task.prompt
+
+
+def test_high_effort_works_out_short_chains_and_max_every_chain():
+    """Effort decides which work is written, never how: a chain longer than `high_chain_terms`
+    is answered straight away below max, and max writes the same lines high would."""
+    env = GeneralEnv(families=["chain"], chain_terms=(2, 5), chain_digits=(1, 1), high_chain_terms=3)
+    written = {}
+    for task in env.sample(200, seed=5):
+        terms = task.meta["terms"]
+        trace = chain_trace(terms, task.meta["ops"])
+        for effort in EFFORTS:
+            thinking, answer = split_thinking(env.solve(dataclasses.replace(task, effort=effort)))
+            assert strip_turn_end(answer) == task.meta["answer"] and thinking in ("", trace)
+            assert len(trace.splitlines()) == len(terms) - 1
+            written.setdefault((effort, len(terms)), set()).add(thinking == trace)
+    assert written == {
+        ("low", 2): {True}, ("low", 3): {True}, ("low", 4): {False}, ("low", 5): {False},
+        ("high", 2): {True}, ("high", 3): {True}, ("high", 4): {False}, ("high", 5): {False},
+        ("max", 2): {True}, ("max", 3): {True}, ("max", 4): {True}, ("max", 5): {True},
+    }
+    with pytest.raises(ValueError, match="high_chain_terms=1"):
+        GeneralEnv(high_chain_terms=1)
 
 
 def test_low_effort_writes_the_steps_of_short_one_digit_sums_only():

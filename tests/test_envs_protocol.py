@@ -19,7 +19,7 @@ from mopd.envs.chat import (
     tokenize_segments,
 )
 from mopd.envs.effort import EffortSpec, default_effort_specs, effort_spec, shape_reward, thinking_tokens
-from mopd.envs.general import OWN_FAMILIES, GeneralEnv
+from mopd.envs.general import OWN_FAMILIES, GeneralEnv, add_trace
 from mopd.envs.tokenizer import build_tokenizer, task_corpus
 
 AGENT_TURNS = [
@@ -41,6 +41,7 @@ def hard_env():
         mul_digits=(4, 4),
         chain_terms=(6, 6),
         chain_digits=(3, 3),
+        high_chain_terms=6,
     )
 
 
@@ -51,7 +52,8 @@ def test_prompt_plus_completion_splits_back_into_thinking_and_answer():
     prompt, completion = render_prompt(task.prompt, "max"), render_completion(env.solve(task))
     assert prompt.endswith("<|assistant|><|effort:max|>") and prompt.startswith("<|bos|><|user|>")
     thinking, answer = split_thinking(completion)
-    assert strip_turn_end(answer) == task.meta["answer"] and "so far" in thinking
+    assert strip_turn_end(answer) == task.meta["answer"]
+    assert thinking == add_trace(task.meta["terms"], task.meta["ops"])
     assert env.verify(task, completion).passed
 
 

@@ -502,41 +502,58 @@ def _solve_order_count(s: _Session, goal: dict[str, Any]) -> None:
     s.finish(s.think(high=f"There are {count} such orders.", max=f"The answer is {count}."), count)
 
 
+ORDER_DIFF_DRAWS = 20
+
+
 def _make_order_diff(rng: random.Random, conn: sqlite3.Connection, lookups: int) -> dict[str, Any] | None:
+    """The customer with the most orders against `lookups` others together (one or more), who
+    placed fewer: a few draws of customers per database, as few triples qualify."""
     counts = dict(conn.execute("SELECT customer_id, COUNT(*) FROM orders GROUP BY customer_id"))
-    more, fewer = rng.sample(sorted(counts), 2)
-    if counts[more] < counts[fewer]:
-        more, fewer = fewer, more
-    if counts[more] == counts[fewer] or counts[more] > 9:
-        return None
-    return {"more": more, "fewer": fewer}
+    for _ in range(ORDER_DIFF_DRAWS):
+        chosen = sorted(rng.sample(sorted(counts), lookups + 1), key=counts.get, reverse=True)
+        more, fewer = chosen[0], chosen[1:]
+        if sum(counts[c] for c in fewer) < counts[more] <= 9:
+            return {"more": more, "fewer": fewer}
+    return None
 
 
 def _prompt_order_diff(goal: dict[str, Any]) -> str:
-    return (f"How many more orders did customer #{goal['more']} place than customer #{goal['fewer']}? "
-            "Answer with the number only.")
+    others = [f"#{c}" for c in goal["fewer"]]
+    than = f"customer {others[0]}" if len(others) == 1 else f"customers {spoken_list(others, quote='')} together"
+    return f"How many more orders did customer #{goal['more']} place than {than}? Answer with the number only."
 
 
 def _apply_order_diff(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
     count = "SELECT COUNT(*) FROM orders WHERE customer_id = ?"
-    return conn.execute(count, (goal["more"],)).fetchone()[0] - conn.execute(count, (goal["fewer"],)).fetchone()[0]
+    more = conn.execute(count, (goal["more"],)).fetchone()[0]
+    return more - sum(conn.execute(count, (c,)).fetchone()[0] for c in goal["fewer"])
 
 
 def _solve_order_diff(s: _Session, goal: dict[str, Any]) -> None:
-    """One query counts both customers' orders, the larger count first; then a one-digit
-    subtraction: written out at high and max, done in the head at low.
+    """One query counts every customer's orders, the largest count first; then one-digit
+    subtractions, one line each: done in the head at low, written out at high when there is
+    one, and at max however many there are.
 
-    Low-effort agent turns carry no scratchpad, so this is where effort pays in the agent domain.
-    One query, not a COUNT per customer: with two, the tiny base lost track at low effort of whom
-    it had already counted (it asked for the same customer again in 44 of 64 samples).
+    Low-effort agent turns carry no scratchpad, and high effort's holds one subtraction: this is
+    where effort pays in the agent domain. One query, not a COUNT per customer: with two, the tiny
+    base lost track at low effort of whom it had already counted (it asked for the same customer
+    again in 44 of 64 samples).
     """
-    more, fewer = goal["more"], goal["fewer"]
-    rows = s.query(s.think(high=f"I count the orders of #{more} and #{fewer}, the larger count first.",
-                           lead="GROUP BY gives both counts in one query."),
-                   f"SELECT customer_id, COUNT(*) FROM orders WHERE customer_id IN ({more}, {fewer}) "
+    ids = [goal["more"], *goal["fewer"]]
+    rows = s.query(s.think(high=f"I count the orders of {spoken_list([f'#{c}' for c in ids], quote='')}, "
+                                "the largest count first.",
+                           lead="GROUP BY gives all the counts in one query."),
+                   f"SELECT customer_id, COUNT(*) FROM orders WHERE customer_id IN ({sql_list(ids)}) "
                    "GROUP BY customer_id ORDER BY COUNT(*) DESC")
-    a, b = (int(count) for _, count in rows)
-    s.finish(s.think(high=f"{a}-{b}={a - b}", lead=f"#{more} placed {a} and #{fewer} placed {b}."), a - b)
+    counts = [int(count) for _, count in rows]
+    lines, left = [], counts[0]
+    for count in counts[1:]:
+        lines.append(f"{left}-{count}={left - count}")
+        left -= count
+    work = "\n".join(lines)
+    placed = spoken_list([f"#{customer} placed {count}" for customer, count in rows], quote="")
+    s.finish(s.think(high=work if len(lines) == 1 else "", max=work if len(lines) > 1 else "",
+                     lead=f"{placed}."), left)
 
 
 FACTOR_WORDS = {2: "twice", 3: "three times"}

@@ -4,11 +4,15 @@ Our own families come with step-by-step traces, where thinking truly helps a tin
   add    a + b, column by column with carries
   mul    a × b, digit by digit with carries for each digit of b, then the rows summed
   chain  a + b − c + …, with a running total
-Each has difficulty knobs (digits, multiplier digits, chain length). The expert's scratchpad
-grows with effort: at low only two or three one-digit terms get their few lines (other answers come
-straight away), at high there is one line per step, and at max each line also writes the
-partial result so far. A model of ~1M parameters answers even 1 + 7 straight away only by chance
-(the tiny base did so 5% of the time), so RL at low effort saw no reward to sharpen.
+Each has difficulty knobs (digits, multiplier digits, chain length). Effort decides how much
+work the expert writes out, one line per step, the same lines at every effort: at low only two or
+three one-digit terms (other answers come straight away), at high also longer sums and products but
+chains of at most `high_chain_terms` terms, at max everything. So a long chain is answered from the
+head below max effort, and max effort pays where the work does not fit high's scratchpad. (A model
+of ~1M parameters answers even 1 + 7 straight away only by chance, the tiny base did so 5% of the
+time, so RL at low effort saw no reward to sharpen. Max once wrote the same steps as high with
+labels and running results added, `step 1: 4+7=11 so far 1`; the tiny student did worse with them,
+0.77 against 0.85 at high, and the labels' digits leaked into the sums.)
 
 Reasoning-gym families are named `rg/<name>` (e.g. `rg/gcd`) and are scored by reasoning-gym's
 own scorer; they have no trace, so the expert writes a short think block and the gold answer.
@@ -56,6 +60,7 @@ class GeneralEnv:
         mul_multiplier_digits: tuple[int, int] = (1, 1),
         chain_terms: tuple[int, int] = (2, 6),
         chain_digits: tuple[int, int] = (1, 3),
+        high_chain_terms: int = 4,
         rg_options: dict[str, dict[str, Any]] | None = None,
         disjoint_eval: bool = True,
     ):
@@ -70,6 +75,9 @@ class GeneralEnv:
             "chain_terms": _checked_range("chain_terms", chain_terms, low=2),
             "chain_digits": _checked_range("chain_digits", chain_digits),
         }
+        if high_chain_terms < 2:
+            raise ValueError(f"general: high_chain_terms={high_chain_terms} must be at least 2")
+        self.high_chain_terms = high_chain_terms
         self.rg_options = rg_options or {}
         self.disjoint_eval = disjoint_eval
         for family in self.families:
@@ -149,12 +157,17 @@ class GeneralEnv:
         family = task.meta["family"]
         if family.startswith(RG_PREFIX):
             thinking = "" if task.effort == "low" else f"The answer is {task.meta['answer']}."
-        elif task.effort == "low" and not fits_low_effort(task.meta["terms"]):
-            thinking = ""
+        elif self.works_out(task.effort, task.meta["terms"]):
+            thinking = TRACES[family](task.meta["terms"], task.meta["ops"])
         else:
-            explicit = task.effort == "max"
-            thinking = TRACES[family](task.meta["terms"], task.meta["ops"], explicit)
+            thinking = ""
         return f"{THINK_OPEN}{thinking}{THINK_CLOSE}{task.meta['answer']}"
+
+    def works_out(self, effort: str, terms: list[int]) -> bool:
+        """Whether the expert writes the steps at this effort, or answers straight away."""
+        if effort == "low":
+            return fits_low_effort(terms)
+        return effort == "max" or len(terms) <= self.high_chain_terms
 
 
 # ---------------------------------------------------------------------------------- generators
@@ -209,16 +222,12 @@ def _digits_reversed(number: int) -> list[int]:
     return [int(d) for d in reversed(str(number))]
 
 
-def _column_lines(steps: list[tuple[str, int]], explicit: bool) -> list[str]:
-    """One line per column 'expr=sum'; explicit lines also show the result digits so far."""
-    lines, written = [], ""
-    for expr, value in steps:
-        written = str(value % 10) + written
-        lines.append(f"{expr}={value}" + (f" so far {written}" if explicit else ""))
-    return lines
+def _column_lines(steps: list[tuple[str, int]]) -> list[str]:
+    """One line per column: 'expr=sum'."""
+    return [f"{expr}={value}" for expr, value in steps]
 
 
-def add_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+def add_trace(terms: list[int], ops: list[str]) -> str:
     a, b = _digits_reversed(terms[0]), _digits_reversed(terms[1])
     width = max(len(a), len(b))
     a, b = a + [0] * (width - len(a)), b + [0] * (width - len(b))
@@ -227,29 +236,29 @@ def add_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
         value = da + db + carry
         steps.append((f"{da}+{db}+{carry}", value))
         carry = value // 10
-    lines = _column_lines(steps, explicit)
+    lines = _column_lines(steps)
     if carry:
         lines.append(f"carry {carry}")
     return "\n".join(lines)
 
 
-def _row_lines(a: int, digit: int, explicit: bool) -> tuple[list[str], int]:
+def _row_lines(a: int, digit: int) -> tuple[list[str], int]:
     steps, carry = [], 0
     for da in _digits_reversed(a):
         value = da * digit + carry
         steps.append((f"{da}*{digit}+{carry}", value))
         carry = value // 10
-    lines = _column_lines(steps, explicit)
+    lines = _column_lines(steps)
     if carry:
         lines.append(f"carry {carry}")
     return lines, a * digit
 
 
-def mul_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+def mul_trace(terms: list[int], ops: list[str]) -> str:
     a, b = terms
     lines, rows = [], []
     for shift, digit in enumerate(_digits_reversed(b)):
-        row_lines, row = _row_lines(a, digit, explicit)
+        row_lines, row = _row_lines(a, digit)
         rows.append(row * 10**shift)
         lines += row_lines
         if b >= 10:
@@ -261,12 +270,11 @@ def mul_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
     return "\n".join(lines)
 
 
-def chain_trace(terms: list[int], ops: list[str], explicit: bool) -> str:
+def chain_trace(terms: list[int], ops: list[str]) -> str:
     lines, total = [], terms[0]
-    for step, (op, term) in enumerate(zip(ops, terms[1:]), start=1):
+    for op, term in zip(ops, terms[1:]):
         new_total = evaluate([total, term], [op])
-        prefix = f"step {step}: " if explicit else ""
-        lines.append(f"{prefix}{total}{op}{term}={new_total}")
+        lines.append(f"{total}{op}{term}={new_total}")
         total = new_total
     return "\n".join(lines)
 
