@@ -3,9 +3,10 @@
 Budgets count tokens of the thinking text between `<think>` and `</think>`. The tiny defaults
 (low 16, high 96, max 384) are chosen with the tiny tokenizer, which splits digits one by one:
 the hardest default general instances (6-digit sums, 4-digit × 1-digit products, 6-term chains)
-need 31–67 thinking tokens for their high trace and 61–111 for their max trace, so their full
-traces fit the high and max budgets and never the low one; at low effort the model must answer
-without a scratchpad. `python -m mopd.envs.bench --out FILE.json` measures this for every domain.
+need 31–69 thinking tokens for their trace (the same lines at high and max), so it fits the high
+and max budgets and never the low one; at low effort the model must answer without a scratchpad.
+(Which work the expert writes at high is the environment's choice: the general domain leaves
+chains longer than `high_chain_terms` to max.) `python -m mopd.envs.bench --out FILE.json` measures this for every domain.
 """
 
 from __future__ import annotations
