@@ -506,8 +506,8 @@ ORDER_DIFF_DRAWS = 20
 
 
 def _make_order_diff(rng: random.Random, conn: sqlite3.Connection, lookups: int) -> dict[str, Any] | None:
-    """The customer with the most orders against `lookups` others together (one or more), who
-    placed fewer: a few draws of customers per database, as few triples qualify."""
+    """A customer with at most nine orders against `lookups` others who together placed fewer.
+    Several draws per database: of three customers drawn at random, ~15% qualify."""
     counts = dict(conn.execute("SELECT customer_id, COUNT(*) FROM orders GROUP BY customer_id"))
     for _ in range(ORDER_DIFF_DRAWS):
         chosen = sorted(rng.sample(sorted(counts), lookups + 1), key=counts.get, reverse=True)
