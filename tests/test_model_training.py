@@ -81,3 +81,28 @@ def test_moe_load_is_counted_per_step_and_the_bias_moves():
     model.eval()
     model(ids)
     assert model.moe_load_stats() == {}, "only forwards that train count load"
+
+
+def test_moe_runs_every_expert_densely_for_few_tokens_with_the_routed_result(monkeypatch):
+    """A decode step's few tokens take the dense path; it must equal the per-expert gather."""
+    from mopd.model import moe as moe_module
+
+    torch.manual_seed(0)
+    layer = moe_module.LatentMoE(preset_config("tiny"))
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(3, 20, layer.config.hidden_size)
+
+    def forward_and_grads():
+        layer.zero_grad()
+        out = layer(x)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+
+    assert 60 * layer.config.num_experts <= moe_module.DENSE_EXPERT_PAIRS
+    dense, dense_grads = forward_and_grads()
+    monkeypatch.setattr(moe_module, "DENSE_EXPERT_PAIRS", 0)
+    routed, routed_grads = forward_and_grads()
+    torch.testing.assert_close(dense, routed, rtol=1e-5, atol=1e-6)
+    for name, grad in routed_grads.items():
+        torch.testing.assert_close(dense_grads[name], grad, rtol=1e-4, atol=1e-4, msg=name)

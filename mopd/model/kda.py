@@ -69,18 +69,22 @@ def recurrent_kda(
 ) -> tuple[Tensor, Tensor | None]:
     """Token-by-token KDA. q,k [B,T,H,K] (L2-normalised), v [B,T,H,V], g [B,T,H,K], beta [B,T,H]."""
     out_dtype, dtype = v.dtype, _compute_dtype(v)
-    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    batch, _, heads, _ = q.shape
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    state = _initial_state(q, v, initial_state)
+    state = _initial_state(q, v, initial_state).flatten(0, 1)  # [B*H,K,V]
+    # (B,H) folded into one batch dim: bmm and baddbmm ran a decode step ~3x faster than einsum
+    q, k, v, g = (x.to(dtype).transpose(1, 2).flatten(0, 1) for x in (q, k, v, g))  # [B*H,T,*]
+    q = q * scale
+    beta = beta.to(dtype).transpose(1, 2).flatten(0, 1)
     outputs = []
-    for q_t, k_t, v_t, g_t, beta_t in zip(*(x.unbind(1) for x in (q, k, v, g, beta))):
-        state = state * g_t.exp().unsqueeze(-1)
-        predicted = torch.einsum("bhk,bhkv->bhv", k_t, state)
-        correction = beta_t.unsqueeze(-1) * (v_t - predicted)
-        state = state + k_t.unsqueeze(-1) * correction.unsqueeze(-2)
-        outputs.append(torch.einsum("bhk,bhkv->bhv", q_t * scale, state))
-    o = torch.stack(outputs, dim=1).to(out_dtype)
-    return o, state if output_final_state else None
+    for t in range(q.shape[1]):
+        decay = g[:, t].exp()
+        predicted = torch.bmm((k[:, t] * decay).unsqueeze(1), state)  # k (decay * S): [B*H,1,V]
+        correction = beta[:, t, None, None] * (v[:, t].unsqueeze(1) - predicted)
+        state = torch.baddbmm(state * decay.unsqueeze(-1), k[:, t].unsqueeze(-1), correction)
+        outputs.append(torch.bmm(q[:, t].unsqueeze(1), state))
+    o = torch.cat(outputs, dim=1).unflatten(0, (batch, heads)).transpose(1, 2).to(out_dtype)
+    return o, state.unflatten(0, (batch, heads)) if output_final_state else None
 
 
 def chunk_kda(
@@ -306,28 +310,29 @@ def kda_ops(
 
 
 class ShortConvolution(nn.Conv1d):
-    """Causal depthwise conv + SiLU over [B,T,C]; the cache is the last kernel-1 inputs (pre-conv)."""
+    """Causal depthwise conv + SiLU over [B,T,C]; the cache is the last kernel-1 inputs (pre-conv).
+    KDA runs its q, k and v convolutions as one (`short_convolution` on their concatenated weights)."""
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=False)
 
     def forward(self, x: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x [B,T,C], cache [B,C,kernel-1] or None (start of sequence) -> (y [B,T,C], new cache)."""
-        seq_len, width = x.shape[1], self.kernel_size[0]
-        x = x.transpose(1, 2)
-        if cache is None:
-            y = super().forward(x)[..., :seq_len]
-            history = F.pad(x, (width - 1, 0))
-        else:
-            history = torch.cat([cache.to(x.dtype), x], dim=-1)
-            y = F.conv1d(history, self.weight, groups=self.groups)
-        return F.silu(y).transpose(1, 2), history[..., history.shape[-1] - (width - 1):]
+        return short_convolution(x, self.weight, cache)
 
-    def step(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        """One token: x [B,C], cache [B,C,kernel-1] -> (y [B,C], new cache)."""
-        window = torch.cat([cache.to(x.dtype), x.unsqueeze(-1)], dim=-1)
-        y = (window * self.weight.squeeze(1)).sum(-1)
-        return F.silu(y), window[..., 1:]
+
+def short_convolution(x: Tensor, weight: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
+    """SiLU(causal depthwise conv of x [B,T,C] with weight [C,1,W]), and the last W-1 inputs [B,C,W-1]
+    as the next call's cache (zeros before the start of a sequence)."""
+    width = weight.shape[-1]
+    x = x.transpose(1, 2)
+    history = F.pad(x, (width - 1, 0)) if cache is None else torch.cat([cache.to(x.dtype), x], dim=-1)
+    if x.shape[-1] == 1:  # one decode step: a dot product per channel beats conv1d's set-up
+        y = (history * weight.squeeze(1)).sum(-1, keepdim=True)
+    else:
+        y = F.conv1d(history, weight, groups=weight.shape[0])
+    # SiLU on the contiguous [B,T,C] layout: its backward on the transposed view took 3x longer
+    return F.silu(y.transpose(1, 2).contiguous()), history[..., history.shape[-1] - (width - 1):]
 
 
 @dataclass
@@ -428,17 +433,11 @@ class KimiDeltaAttention(nn.Module):
         return out, KDAState(conv_cache, recurrent) if use_cache else None
 
     def _short_convolutions(self, x: Tensor, conv_cache: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """SiLU(ShortConv(W x)) for q, k and v; conv_cache packs their three caches along channels."""
+        """SiLU(ShortConv(W x)) for q, k and v as one projection and one convolution over their
+        concatenated channels (q|k|v, the layout of conv_cache), which costs a third of the calls."""
         branches = ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d), (self.v_proj, self.v_conv1d))
-        caches = (None,) * 3 if conv_cache is None else conv_cache.chunk(3, dim=1)
-        outputs, new_caches = [], []
-        for (proj, conv), cache in zip(branches, caches):
-            if x.shape[1] == 1 and cache is not None:
-                y, cache = conv.step(proj(x)[:, 0], cache)
-                y = y.unsqueeze(1)
-            else:
-                y, cache = conv(proj(x), cache)
-            outputs.append(y)
-            new_caches.append(cache)
-        q, k, v = outputs
-        return q, k, v, torch.cat(new_caches, dim=1)
+        projection = torch.cat([proj.weight for proj, _ in branches])
+        kernel = torch.cat([conv.weight for _, conv in branches])
+        y, cache = short_convolution(F.linear(x, projection), kernel, conv_cache)
+        q, k, v = y.chunk(3, dim=-1)
+        return q, k, v, cache

@@ -15,6 +15,11 @@ from torch import nn
 from mopd.model import balancing
 from mopd.model.config import K3HybridConfig
 
+# Below this many (token, expert) pairs every expert runs on every token, weighted 0 where it was
+# not chosen: two matmuls beat a gather, an expert call and a scatter per expert. On CPU with the
+# tiny preset (8 experts): 2x faster at 64 tokens (a decode step), equal at 1,024.
+DENSE_EXPERT_PAIRS = 8192
+
 
 def gated_activation(gate: torch.Tensor, up: torch.Tensor, config: K3HybridConfig) -> torch.Tensor:
     """SiLU-GLU, or K3's SiTU-GLU: β·tanh(g/β)·σ(g) ⊙ β_lin·tanh(u/β_lin), computed in fp32."""
@@ -107,6 +112,7 @@ class LatentMoE(nn.Module):
     def __init__(self, config: K3HybridConfig):
         super().__init__()
         d, latent = config.hidden_size, config.routed_expert_hidden_size
+        self.config = config
         self.gate = Router(config)
         self.experts = nn.ModuleList(Expert(config, latent or d) for _ in range(config.num_experts))
         self.routed_expert_down_proj = nn.Linear(d, latent, bias=False) if latent else None
@@ -131,9 +137,22 @@ class LatentMoE(nn.Module):
         return routed.view_as(x)
 
     def run_experts(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        if h.shape[0] * len(self.experts) <= DENSE_EXPERT_PAIRS:
+            return self.run_every_expert(h, weights, indices)
         out = torch.zeros_like(h)
         for expert_idx in indices.unique().tolist():
             token_idx, slot = (indices == expert_idx).nonzero(as_tuple=True)
             y = self.experts[expert_idx](h[token_idx]) * weights[token_idx, slot, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
+
+    def run_every_expert(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum computed densely: [N,E] combine weights, 0 off the top-k."""
+        num_experts = len(self.experts)
+        combine = torch.zeros(h.shape[0], num_experts, dtype=weights.dtype, device=h.device)
+        combine = combine.scatter(1, indices, weights).to(h.dtype)
+        gate_up = torch.cat([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])  # [E*2*I, latent]
+        gate, up = F.linear(h, gate_up).unflatten(-1, (num_experts, 2, -1)).unbind(2)  # [N,E,I] each
+        hidden = gated_activation(gate, up, self.config) * combine.unsqueeze(-1)
+        down = torch.cat([e.w2.weight for e in self.experts], dim=1)  # [latent, E*I]
+        return F.linear(hidden.flatten(1), down)
