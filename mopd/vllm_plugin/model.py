@@ -216,10 +216,11 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
 
     def decode_step(self, x, g, beta, slots, conv_cache, recurrent_cache) -> torch.Tensor:
         """One new token for each of B requests, batched: x [B,D] -> o [B,H,V]."""
-        q, k, v, conv_tails = self._short_convolutions(x[:, None], conv_cache[slots])
-        conv_cache[slots] = conv_tails.to(conv_cache.dtype)
-        o, state = self.run_kda(q, k, v, g[:, None], beta[:, None], recurrent_cache[slots], "recurrent")
-        recurrent_cache[slots] = state.to(recurrent_cache.dtype)
+        # index_select / index_copy_: faster on CPU than advanced indexing for these per-step copies
+        q, k, v, conv_tails = self._short_convolutions(x[:, None], conv_cache.index_select(0, slots))
+        conv_cache.index_copy_(0, slots, conv_tails.to(conv_cache.dtype))
+        o, state = self.run_kda(q, k, v, g[:, None], beta[:, None], recurrent_cache.index_select(0, slots), "recurrent")
+        recurrent_cache.index_copy_(0, slots, state.to(recurrent_cache.dtype))
         return o[:, 0]
 
     def prefill(self, x, g, beta, slots, has_state, conv_cache, recurrent_cache) -> torch.Tensor:
