@@ -106,3 +106,16 @@ def test_moe_runs_every_expert_densely_for_few_tokens_with_the_routed_result(mon
     torch.testing.assert_close(dense, routed, rtol=1e-5, atol=1e-6)
     for name, grad in routed_grads.items():
         torch.testing.assert_close(dense_grads[name], grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_model_bench_times_both_moe_paths_and_restores_the_switch():
+    from mopd.model import moe as moe_module
+    from mopd.model.bench import bench_moe
+
+    default = moe_module.DENSE_EXPERT_PAIRS
+    few, many = (bench_moe(preset_config("tiny"), tokens, reps=1) for tokens in (16, 4096))
+    assert default == moe_module.DENSE_EXPERT_PAIRS  # the switch is put back
+    assert (few["chosen"], many["chosen"]) == ("dense", "routed")
+    for r in (few, many):
+        assert r["dense_s"] > 0 and r["routed_s"] > 0
+        assert r["routed_over_dense"] == r["routed_s"] / r["dense_s"]

@@ -3,8 +3,10 @@
     python -m mopd.model.bench --out runs/bench_model.json [--preset tiny] [--reps 3] [--threads N]
 
 Measures, in one run: training forward+backward tokens/s at T=512 and T=2048 (batch 1), decode
-tokens/s through `generate` with the cache, and chunked vs recurrent KDA at T=2048 (the KDA
-engineer's `bench_kda`, both kernels alternated on the same inputs). Times are medians over
+tokens/s through `generate` with the cache, chunked vs recurrent KDA at T=2048 (the KDA
+engineer's `bench_kda`, both kernels alternated on the same inputs), and one MoE layer's
+forward+backward with every expert run densely vs each expert on its routed tokens, by token count
+(where `moe.DENSE_EXPERT_PAIRS` switches between them). Times are medians over
 `--reps` runs after one warm-up; the machine description (CPUs, threads, load, torch) comes along.
 """
 
@@ -20,13 +22,14 @@ from pathlib import Path
 import torch
 
 from mopd.machine import describe_machine
-from mopd.model import PRESETS, K3HybridForCausalLM, preset_config
+from mopd.model import PRESETS, K3HybridForCausalLM, moe, preset_config
 from mopd.model.bench_kda import CONFIGS as KDA_CONFIGS
 from mopd.model.bench_kda import bench_config as bench_kda_config
 
 TRAIN_LENGTHS = (512, 2048)
 DECODE_PROMPT, DECODE_TOKENS = 64, 64
 DECODE_BATCHES = (1, 8)
+MOE_TOKENS = (64, 256, 1024, 4096)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         "train": [bench_training(model, length, args.reps) for length in TRAIN_LENGTHS],
         "decode": [bench_decode(model, batch, args.reps) for batch in DECODE_BATCHES],
         "kda_chunked_vs_recurrent": bench_kda_config(KDA_CONFIGS[0], 2048, args.reps),
+        "moe_dense_vs_routed": [bench_moe(model.config, tokens, args.reps) for tokens in MOE_TOKENS],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -103,6 +107,30 @@ def bench_decode(model: K3HybridForCausalLM, batch: int, reps: int) -> dict:
     }
 
 
+def bench_moe(config, tokens: int, reps: int) -> dict:
+    """One LatentMoE layer, forward+backward on `tokens` tokens: both expert paths, alternated."""
+    layer = moe.LatentMoE(config)
+    x = torch.randn(tokens, 1, config.hidden_size, generator=torch.Generator().manual_seed(tokens))
+
+    def step() -> None:
+        layer.zero_grad(set_to_none=True)
+        layer(x).square().sum().backward()
+
+    paths = {"dense": tokens * config.num_experts, "routed": 0}  # the DENSE_EXPERT_PAIRS that picks each
+    seconds: dict[str, list[float]] = {path: [] for path in paths}
+    default = moe.DENSE_EXPERT_PAIRS
+    try:
+        for _ in range(reps):
+            for path, threshold in paths.items():
+                moe.DENSE_EXPERT_PAIRS = threshold
+                seconds[path].append(median_seconds(step, 3))
+    finally:
+        moe.DENSE_EXPERT_PAIRS = default
+    dense, routed = (statistics.median(seconds[path]) for path in paths)
+    chosen = "dense" if tokens * config.num_experts <= default else "routed"
+    return {"tokens": tokens, "dense_s": dense, "routed_s": routed, "routed_over_dense": routed / dense, "chosen": chosen}
+
+
 def median_seconds(fn: Callable[[], None], reps: int) -> float:
     fn()  # warm-up
     times = []
@@ -120,6 +148,8 @@ def print_summary(report: dict) -> None:
         print(f"decode batch {r['batch']}: {r['decode_tokens_per_s']:8.1f} tokens/s")
     kda = report["kda_chunked_vs_recurrent"]
     print(f"KDA T=2048: chunked {kda['speedup_wall']:.1f}x faster than recurrent")
+    for r in report["moe_dense_vs_routed"]:
+        print(f"MoE {r['tokens']:>5} tokens: routed / dense {r['routed_over_dense']:.2f} (runs {r['chosen']})")
 
 
 if __name__ == "__main__":
