@@ -314,7 +314,7 @@ class ShortConvolution(nn.Conv1d):
     KDA runs its q, k and v convolutions as one (`short_convolution` on their concatenated weights)."""
 
     def __init__(self, channels: int, kernel_size: int):
-        super().__init__(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=False)
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=False)  # causal padding: short_convolution
 
     def forward(self, x: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x [B,T,C], cache [B,C,kernel-1] or None (start of sequence) -> (y [B,T,C], new cache)."""
