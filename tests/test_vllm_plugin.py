@@ -22,7 +22,7 @@ import torch
 from mopd.rollout import CheckpointError, PromptTooLongError, Sampling
 from mopd.rollout.checkpoint import SPECIAL, write_random_checkpoint
 from mopd.rollout.hf_backend import HFEngine
-from mopd.rollout.vllm_backend import VllmEngine
+from mopd.rollout.vllm_backend import VllmEngine, count_greater_than
 
 TOL = 1e-3
 MAX_MODEL_LEN = 256
@@ -81,6 +81,16 @@ def test_sampled_token_logprobs_match_hf(engine, checkpoint):
     assert [len(s.token_ids) for _, s in flat] == [b for b in budgets for _ in range(2)]
     assert all(s.finish_reason == "length" and s.policy_version == 0 for _, s in flat)
     assert max_error(model, [p for p, _ in flat], [s.token_ids for _, s in flat], [s.logprobs for _, s in flat]) < TOL
+
+
+def test_the_sampler_ranks_sampled_tokens_eagerly_as_vllm_defines_rank(engine):
+    from vllm.v1.sample import sampler
+
+    assert sampler.batched_count_greater_than is count_greater_than  # not vLLM's compiled count
+    logprobs = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
+    chosen = logprobs.gather(-1, torch.tensor([[0], [3], [7], [49]]))
+    best_first = [int((row > value).sum()) + 1 for row, value in zip(logprobs, chosen)]  # 1 = most likely
+    assert count_greater_than(logprobs, chosen).tolist() == best_first
 
 
 def test_score_matches_hf(engine, checkpoint):
