@@ -247,7 +247,7 @@ class Student:
         import mopd.model  # noqa: F401  (registers the K3 hybrid)
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train().to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0, fused=True)
         if (model_dir / "optimizer.pt").is_file():
             optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True, map_location=device))
         reference = None
