@@ -180,7 +180,8 @@ def answer_digits(content: str) -> list[int]:
 def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, rng: random.Random) -> None:
     """Next-token loss on assistant tokens; one MoE bias update per optimizer step."""
     model.train()
-    # fused: one kernel over all ~370 tensors (5 ms a step here, 22 ms as a per-tensor loop)
+    # fused: one kernel over all ~370 tensors; its optimizer step takes 5 ms here against 22 ms as a
+    # per-tensor loop, though a whole SFT step measured even (0.558 vs 0.563 s)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=0.0, fused=True)
     schedule = get_cosine_schedule_with_warmup(optimizer, max(1, sft.steps // 20), sft.steps)
     batches = length_grouped_batches(examples, sft, rng)
