@@ -51,6 +51,19 @@ def test_chunked_matches_recurrent_with_initial_state(gate, T):
     assert (s_chunk - s_rec).abs().max() <= TOL
 
 
+def test_recurrent_without_autograd_updates_its_own_state_not_the_callers():
+    """Decode runs without autograd and updates its state in place: the same outputs and final state
+    as with autograd, and the caller's initial state (vLLM's gathered cache rows) is left as it was."""
+    q, k, v, g, beta, state = kda_inputs(3, "k3")
+    before = state.clone()
+    o_grad, s_grad = recurrent_kda(q, k, v, g, beta, initial_state=state, output_final_state=True)
+    with torch.no_grad():
+        o_fast, s_fast = recurrent_kda(q, k, v, g, beta, initial_state=state, output_final_state=True)
+    assert torch.equal(state, before)
+    assert (o_fast - o_grad).abs().max() <= TOL
+    assert (s_fast - s_grad).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("chunk_size", [8, 32, 64])
 def test_chunked_matches_recurrent_for_other_chunk_sizes(chunk_size):
     q, k, v, g, beta, state = kda_inputs(45, "k3")
