@@ -77,21 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     teachers.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
     teachers.set_defaults(func=cmd_teachers)
 
+    from mopd.bench.run import add_bench_parser
     from mopd.distill.pair import add_distill_parser
 
     add_distill_parser(sub)
-
-    bench = sub.add_parser("bench", help="benchmark checkpoints per domain × effort (report + plots)")
-    bench.add_argument("models", nargs="*", metavar="MODEL", help="checkpoint directories, or NAME=PATH")
-    bench.add_argument("--run", help="a run directory (runs/<recipe>): its base, teachers and student")
-    bench.add_argument("--suite", help="suite YAML (default: eval/tiny.yaml, or the run's recipe's)")
-    bench.add_argument("--efforts", help="comma-separated subset of the suite's efforts, e.g. low,max")
-    bench.add_argument("--domains", help="comma-separated subset of the suite's domains")
-    bench.add_argument("--n", type=int, help="tasks per cell and seed (overrides the suite)")
-    bench.add_argument("--samples", type=int, help="samples per task, k of mean@k / pass@k")
-    bench.add_argument("--out", help="report directory (default: runs/bench, or <run>/bench)")
-    bench.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm, or the run's)")
-    bench.set_defaults(func=cmd_bench)
+    add_bench_parser(sub)
 
     check = sub.add_parser("validate", help="check a recipe and its teacher specs without running anything")
     check.add_argument("recipe")
@@ -114,12 +104,6 @@ def cmd_teachers(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out else Path(recipe.runs_dir) / recipe.name
     train_teachers(recipe, run_dir, only=only, recipe_dir=Path(args.recipe).parent)
     return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from mopd.bench.run import bench_command
-
-    return bench_command(args)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
