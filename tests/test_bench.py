@@ -498,3 +498,4 @@ def test_report_scores_teachers_against_the_base_and_each_model_across_efforts()
         ["student", "code", "0.50", "0.60", "0.70", "yes"],
         ["teachers", "code", "0.52", "0.80", "0.55", "no"],
     ]
+    assert "## pass@k" not in text  # one sample per task: pass@1 is the accuracy table

@@ -55,6 +55,8 @@ def markdown(report: dict[str, Any]) -> str:
         + (" Each teacher answers only its own cell; the `teacher` column shows it." if teachers else ""),
     ]
     for title, keys, number in TABLES:
+        if keys == ("pass_at_k",) and suite["samples"] == 1:
+            continue  # pass@1 is the accuracy
         lines += ["", f"## {title}", "", *table(report, names, teachers, keys, number)]
     base = next((m["name"] for m in report["models"] if m["role"] == "base"), None)
     student = next((m["name"] for m in report["models"] if m["role"] == "student"), None)

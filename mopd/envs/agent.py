@@ -502,12 +502,13 @@ def _solve_order_count(s: _Session, goal: dict[str, Any]) -> None:
     s.finish(s.think(high=f"There are {count} such orders.", max=f"The answer is {count}."), count)
 
 
-ORDER_DIFF_DRAWS = 20
+ORDER_DIFF_DRAWS = 200
 
 
 def _make_order_diff(rng: random.Random, conn: sqlite3.Connection, lookups: int) -> dict[str, Any] | None:
     """A customer with at most nine orders against `lookups` others who together placed fewer.
-    Several draws per database: of three customers drawn at random, ~15% qualify."""
+    Many draws per database: of four customers drawn at random few qualify, and with 20 draws only
+    13% of the tasks of `max_lookups: 3` compared four customers (28% with 200)."""
     counts = dict(conn.execute("SELECT customer_id, COUNT(*) FROM orders GROUP BY customer_id"))
     for _ in range(ORDER_DIFF_DRAWS):
         chosen = sorted(rng.sample(sorted(counts), lookups + 1), key=counts.get, reverse=True)
@@ -531,13 +532,14 @@ def _apply_order_diff(conn: sqlite3.Connection, goal: dict[str, Any]) -> int:
 
 def _solve_order_diff(s: _Session, goal: dict[str, Any]) -> None:
     """One query counts every customer's orders, the largest count first; then one-digit
-    subtractions, one line each: done in the head at low, written out at high when there is
-    one, and at max however many there are.
+    subtractions, one line each: all done in the head at low, the first written out at high (the
+    rest in the head), every one written out at max.
 
-    Low-effort agent turns carry no scratchpad, and high effort's holds one subtraction: this is
-    where effort pays in the agent domain. One query, not a COUNT per customer: with two, the tiny
-    base lost track at low effort of whom it had already counted (it asked for the same customer
-    again in 44 of 64 samples).
+    One subtraction in the head is as safe as on paper for the tiny base; two or more in a row
+    are not. So low is right where there is one, high where there are at most two, and max with
+    any number: this is where effort pays in the agent domain. One query, not a COUNT per
+    customer: with two, the tiny base lost track at low effort of whom it had already counted (it
+    asked for the same customer again in 44 of 64 samples).
     """
     ids = [goal["more"], *goal["fewer"]]
     rows = s.query(s.think(high=f"I count the orders of {spoken_list([f'#{c}' for c in ids], quote='')}, "
@@ -552,8 +554,8 @@ def _solve_order_diff(s: _Session, goal: dict[str, Any]) -> None:
         left -= count
     work = "\n".join(lines)
     placed = spoken_list([f"#{customer} placed {count}" for customer, count in rows], quote="")
-    s.finish(s.think(high=work if len(lines) == 1 else "", max=work if len(lines) > 1 else "",
-                     lead=f"{placed}."), left)
+    first_step = lines[0] if s.effort == "high" else ""  # max writes them all after the lead
+    s.finish(s.think(high=first_step, max=work, lead=f"{placed}."), left)
 
 
 FACTOR_WORDS = {2: "twice", 3: "three times"}
