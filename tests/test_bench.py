@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import torch
 import yaml
 
 from mopd.bench import plots
-from mopd.bench.report import TABLES, markdown
+from mopd.bench.report import TABLES, difference_se, markdown
 from mopd.bench.run import (
     ModelRef,
     bench_command,
@@ -425,10 +426,12 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
         f"{accuracy['student']:.2f}",
         "—" if ratio is None else f"{ratio:.2f}",
     ]
-    se = {r["model"]: r["accuracy_se"] for r in report["results"]}
+    per_task = {r["model"]: r["task_rewards"] for r in report["results"]}
+    assert all(len(rewards) == SUITE["n"] for rewards in per_task.values())
     gap, two_se = cells[5].split(" ± ")
     assert gap == f"{accuracy['student'] - accuracy['general-low']:+.2f}"
-    assert two_se == f"{2 * math.hypot(se['student'], se['general-low']):.2f}"
+    differences = [s - t for s, t in zip(per_task["student"], per_task["general-low"])]
+    assert two_se == f"{2 * statistics.stdev(differences) / math.sqrt(len(differences)):.2f}"
     with pytest.raises(BenchError, match=r"no recipe\.json"):
         bench_run_dir(tmp_path / "not_a_run")
 
@@ -456,6 +459,17 @@ def test_accuracy_standard_error_counts_tasks_not_samples():
     assert task_standard_error([[1.0, 1.0], [0.0, 0.0]]) == pytest.approx(0.5)  # two tasks: means 1 and 0
     assert task_standard_error([[1.0, 0.0], [1.0, 0.0]]) == 0.0  # the same mean on every task
     assert math.isnan(task_standard_error([[1.0, 0.0, 1.0]]))  # one task: no spread to measure
+
+
+def test_difference_se_pairs_rows_scored_on_the_same_tasks():
+    ours = {"accuracy": 0.5, "accuracy_se": 0.25, "task_rewards": [1.0, 1.0, 0.0, 0.0]}
+    same_but_one = {"accuracy": 0.25, "accuracy_se": 0.25, "task_rewards": [1.0, 0.0, 0.0, 0.0]}
+    assert difference_se(ours, same_but_one) == pytest.approx(statistics.stdev([0, 1, 0, 0]) / 2)  # 0.25
+    assert difference_se(ours, ours) == 0.0  # the same outcome on every task: no noise in the difference
+    unpaired = {"accuracy": 0.25, "accuracy_se": 0.25}  # an older report: no per-task rewards
+    assert difference_se(ours, unpaired) == pytest.approx(math.hypot(0.25, 0.25))
+    other_tasks = {**same_but_one, "task_rewards": [1.0, 0.0]}
+    assert difference_se(ours, other_tasks) == pytest.approx(math.hypot(0.25, 0.25))
 
 
 def test_report_scores_teachers_against_the_base_and_each_model_across_efforts():

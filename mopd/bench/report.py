@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,13 @@ def gap_text(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 
 
 def difference_se(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
-    """Standard error of a difference of two accuracies, as if independent (conservative on shared tasks)."""
+    """Standard error of a difference of two accuracies. Scored on the same tasks (both rows hold
+    per-task rewards) it is paired: the spread of the per-task differences, which shared tasks and
+    shared sampling seeds keep small (student and code-low teacher agreed on 88% of 128 tasks:
+    0.030 paired against 0.063 as if independent). Otherwise as if independent."""
+    a, b = ours.get("task_rewards"), theirs.get("task_rewards")
+    if a and b and len(a) == len(b) > 1:
+        return statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(len(a))
     return math.hypot(ours.get("accuracy_se", math.nan), theirs.get("accuracy_se", math.nan))
 
 

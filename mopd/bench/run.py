@@ -399,6 +399,7 @@ def cell_metrics(
         "budget_tokens": budget.budget_tokens,
         "accuracy": mean(r.verdict.reward for r in rollouts),
         "accuracy_se": task_standard_error([[r.verdict.reward for r in group] for group in groups]),
+        "task_rewards": [mean(r.verdict.reward for r in group) for group in groups],  # paired comparisons
         "pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
         "shaped_reward": mean(r.reward for r in rollouts),
         "closed_think_rate": mean(r.closed_think for r in rollouts),
