@@ -159,6 +159,7 @@ def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup
     [
         {"full_vocab_kl": True, "orm_alpha": 0.5},
         {"reward_scale": 2.0, "importance": {"mode": "tis", "low": 0.5, "high": 2.0}},
+        {"full_vocab_kl": True, "reward_scale": 1.5},
     ],
 )
 def test_loss_options_train_and_log(setup, options):

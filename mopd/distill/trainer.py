@@ -29,7 +29,13 @@ from tqdm import tqdm
 
 from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
 from mopd.base.sft import pack
-from mopd.distill.loss import full_vocab_reverse_kl, importance_weights, mopd_loss, token_metrics
+from mopd.distill.loss import (
+    extrapolated_teacher,
+    full_vocab_reverse_kl,
+    importance_weights,
+    mopd_loss,
+    token_metrics,
+)
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool, TeacherScores
 from mopd.envs import get_env
@@ -301,7 +307,7 @@ class Student:
         spec = self.spec
         logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
-        reference = None
+        reference = ref_logits = None
         if self.reference is not None:
             with torch.no_grad():
                 ref_logits = self.completion_logits(self.reference, batch)
@@ -313,9 +319,12 @@ class Student:
         )  # fmt: skip
         if not spec.full_vocab_kl:
             return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
-        # the exact KL replaces the sampled-token estimate; the ORM term stays
+        # the exact KL replaces the sampled-token estimate (ExOPD: to the extrapolated teacher); the ORM term stays
         teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
-        outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **loss_args)
+        if ref_logits is not None:
+            teacher_full = extrapolated_teacher(teacher_full, ref_logits, spec.reward_scale)
+        outcome_args = loss_args | {"reference_logprobs": None, "reward_scale": 1.0}  # a zero KL advantage
+        outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **outcome_args)
         return full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss, train_logprobs
 
     @staticmethod
