@@ -99,12 +99,11 @@ def test_tis_truncates_ratios_at_the_upper_bound():
 def test_exopd_over_the_vocabulary_scales_the_teachers_log_ratio_to_the_reference():
     torch.manual_seed(0)
     teacher = torch.log_softmax(torch.randn(2, 3, 7), -1)
-    reference_logits, student = torch.randn(2, 3, 7), torch.log_softmax(torch.randn(2, 3, 7), -1)
-    torch.testing.assert_close(extrapolated_teacher(teacher, reference_logits, 1.0), teacher)  # λ = 1: the teacher
-    target = extrapolated_teacher(teacher, reference_logits, 2.0)
+    reference, student = (torch.log_softmax(torch.randn(2, 3, 7), -1) for _ in range(2))
+    torch.testing.assert_close(extrapolated_teacher(teacher, reference, 1.0), teacher)  # λ = 1: the teacher
+    target = extrapolated_teacher(teacher, reference, 2.0)
     torch.testing.assert_close(target.exp().sum(-1), torch.ones(2, 3))
     # per token, log target − log πθ is the sampled-token ExOPD advantage minus one normaliser per position
-    reference = torch.log_softmax(reference_logits, -1)
     advantage = reverse_kl_advantage(teacher, student, reference, reward_scale=2.0)
     offset = advantage - (target - student)
     torch.testing.assert_close(offset, offset[..., :1].expand_as(offset))

@@ -95,12 +95,12 @@ def token_metrics(train, rollout, teacher, mask, out_of_bounds) -> dict[str, flo
     }
 
 
-def extrapolated_teacher(teacher_logprobs: torch.Tensor, reference_logits: torch.Tensor, reward_scale: float) -> torch.Tensor:
+def extrapolated_teacher(teacher_logprobs: torch.Tensor, reference_logprobs: torch.Tensor, reward_scale: float) -> torch.Tensor:
     """ExOPD's target over the vocabulary, log of πT^λ · π_ref^(1−λ) renormalised: its log-ratio to the
     reference is λ times the teacher's, as the sampled-token advantage λ(log πT − log π_ref) − (log πθ − log π_ref)
     has it (up to the normaliser)."""
-    reference = torch.log_softmax(reference_logits.float(), dim=-1)
-    return torch.log_softmax(reward_scale * teacher_logprobs.float() + (1 - reward_scale) * reference, dim=-1)
+    mixed = reward_scale * teacher_logprobs.float() + (1 - reward_scale) * reference_logprobs.float()
+    return torch.log_softmax(mixed, dim=-1)
 
 
 def full_vocab_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

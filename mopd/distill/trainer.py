@@ -307,11 +307,11 @@ class Student:
         spec = self.spec
         logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
-        reference = ref_logits = None
+        reference = reference_full = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.completion_logits(self.reference, batch)
-            reference = torch.log_softmax(ref_logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+                reference_full = torch.log_softmax(self.completion_logits(self.reference, batch).float(), -1)
+            reference = reference_full.gather(-1, batch.tokens[..., None]).squeeze(-1)
         loss_args = dict(
             importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
             orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
@@ -321,8 +321,8 @@ class Student:
             return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
         # the exact KL replaces the sampled-token estimate (ExOPD: to the extrapolated teacher); the ORM term stays
         teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
-        if ref_logits is not None:
-            teacher_full = extrapolated_teacher(teacher_full, ref_logits, spec.reward_scale)
+        if reference_full is not None:
+            teacher_full = extrapolated_teacher(teacher_full, reference_full, spec.reward_scale)
         outcome_args = loss_args | {"reference_logprobs": None, "reward_scale": 1.0}  # a zero KL advantage
         outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **outcome_args)
         return full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss, train_logprobs
