@@ -12,6 +12,7 @@ from mopd.envs.general import (
     OWN_FAMILIES,
     GeneralEnv,
     chain_trace,
+    max_digits,
     normalize_answer,
     split_of,
 )
@@ -191,3 +192,28 @@ def test_iid_eval_draws_may_repeat_training_questions_of_a_small_space():
     iid = [t.prompt for t in GeneralEnv(**options, disjoint_eval=False).sample(100, 0, "eval")]
     assert not disjoint & train
     assert set(iid) & train and len(set(iid)) > len(disjoint & set(iid))
+
+
+def test_effort_knobs_move_chains_to_high_and_two_digit_sums_to_max():
+    """The tiny recipe's staircase: low writes two one-digit terms, high also three, and only max
+    writes the column steps of a two-digit sum."""
+    env = GeneralEnv(
+        families=["add", "chain"], add_digits=(1, 2), chain_terms=(2, 3), chain_digits=(1, 1),
+        low_chain_terms=2, high_chain_terms=3, high_term_digits=1,
+    )  # fmt: skip
+    written = {}
+    for task in env.sample(200, seed=5):
+        terms = task.meta["terms"]
+        kind = f"{task.meta['family']}{len(terms)}" if task.meta["family"] == "chain" else f"add{max_digits(terms)}"
+        for effort in EFFORTS:
+            thinking, _ = split_thinking(env.solve(dataclasses.replace(task, effort=effort)))
+            written.setdefault((kind, effort), set()).add(thinking != "")
+    assert written == {
+        ("add1", "low"): {True}, ("add1", "high"): {True}, ("add1", "max"): {True},
+        ("chain2", "low"): {True}, ("chain2", "high"): {True}, ("chain2", "max"): {True},
+        ("chain3", "low"): {False}, ("chain3", "high"): {True}, ("chain3", "max"): {True},
+        ("add2", "low"): {False}, ("add2", "high"): {False}, ("add2", "max"): {True},
+    }  # fmt: skip
+    for bad in ({"low_chain_terms": 1}, {"high_term_digits": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GeneralEnv(**bad)

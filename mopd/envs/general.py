@@ -5,10 +5,11 @@ Our own families come with step-by-step traces, where thinking truly helps a tin
   mul    a × b, digit by digit with carries for each digit of b, then the rows summed
   chain  a + b − c + …, with a running total
 Each has difficulty knobs (digits, multiplier digits, chain length). Effort decides how much
-work the expert writes out, one line per step, the same lines at every effort: at low only two or
-three one-digit terms (other answers come straight away), at high also longer sums and products but
-chains of at most `high_chain_terms` terms, at max everything. So a long chain is answered from the
-head below max effort, and max effort pays where the work does not fit high's scratchpad. (A model
+work the expert writes out, one line per step, the same lines at every effort: at low only sums of
+at most `low_chain_terms` one-digit terms (other answers come straight away), at high also longer
+sums and products of terms with at most `high_term_digits` digits (any, by default) but chains of at
+most `high_chain_terms` terms, at max everything. So what high leaves out is answered from the head
+below max effort, and max effort pays where the work does not fit high's scratchpad. (A model
 of ~1M parameters answers even 1 + 7 straight away only by chance, the tiny base did so 5% of the
 time, so RL at low effort saw no reward to sharpen. Max once wrote the same steps as high with
 labels and running results added, `step 1: 4+7=11 so far 1`; the tiny student did worse with them,
@@ -61,6 +62,8 @@ class GeneralEnv:
         chain_terms: tuple[int, int] = (2, 6),
         chain_digits: tuple[int, int] = (1, 3),
         high_chain_terms: int = 4,
+        low_chain_terms: int = 3,
+        high_term_digits: int | None = None,
         rg_options: dict[str, dict[str, Any]] | None = None,
         disjoint_eval: bool = True,
     ):
@@ -77,7 +80,12 @@ class GeneralEnv:
         }
         if high_chain_terms < 2:
             raise ValueError(f"general: high_chain_terms={high_chain_terms} must be at least 2")
+        if low_chain_terms < 2:
+            raise ValueError(f"general: low_chain_terms={low_chain_terms} must be at least 2")
+        if high_term_digits is not None and high_term_digits < 1:
+            raise ValueError(f"general: high_term_digits={high_term_digits} must be at least 1")
         self.high_chain_terms = high_chain_terms
+        self.low_chain_terms, self.high_term_digits = low_chain_terms, high_term_digits
         self.rg_options = rg_options or {}
         self.disjoint_eval = disjoint_eval
         for family in self.families:
@@ -166,8 +174,11 @@ class GeneralEnv:
     def works_out(self, effort: str, terms: list[int]) -> bool:
         """Whether the expert writes the steps at this effort, or answers straight away."""
         if effort == "low":
-            return fits_low_effort(terms)
-        return effort == "max" or len(terms) <= self.high_chain_terms
+            return len(terms) <= self.low_chain_terms and max_digits(terms) == 1
+        if effort == "high":
+            short = len(terms) <= self.high_chain_terms
+            return short and (self.high_term_digits is None or max_digits(terms) <= self.high_term_digits)
+        return True
 
 
 # ---------------------------------------------------------------------------------- generators
@@ -282,10 +293,10 @@ def chain_trace(terms: list[int], ops: list[str]) -> str:
 TRACES = {"add": add_trace, "mul": mul_trace, "chain": chain_trace}
 
 
-def fits_low_effort(terms: list[int]) -> bool:
-    """Low effort still writes the steps of two or three one-digit terms: up to ~14 tokens, inside
-    its small budget (the default is 16 thinking tokens)."""
-    return len(terms) <= 3 and all(-9 <= term <= 9 for term in terms)
+def max_digits(terms: list[int]) -> int:
+    """Digits of the longest term. Low effort writes the steps of at most `low_chain_terms` (default
+    three) one-digit terms: up to ~14 tokens, inside its small budget (the default is 16)."""
+    return max(len(str(abs(term))) for term in terms)
 
 
 # ----------------------------------------------------------------------------------- answers
