@@ -195,8 +195,8 @@ def test_iid_eval_draws_may_repeat_training_questions_of_a_small_space():
 
 
 def test_effort_knobs_move_chains_to_high_and_two_digit_sums_to_max():
-    """The tiny recipe's staircase: low writes two one-digit terms, high also three, and only max
-    writes the column steps of a two-digit sum."""
+    """`low_chain_terms` and `high_term_digits` move work up the efforts: here low writes two
+    one-digit terms, high also three, and only max the column steps of a two-digit sum."""
     env = GeneralEnv(
         families=["add", "chain"], add_digits=(1, 2), chain_terms=(2, 3), chain_digits=(1, 1),
         low_chain_terms=2, high_chain_terms=3, high_term_digits=1,

@@ -172,7 +172,8 @@ class GeneralEnv:
         return f"{THINK_OPEN}{thinking}{THINK_CLOSE}{task.meta['answer']}"
 
     def works_out(self, effort: str, terms: list[int]) -> bool:
-        """Whether the expert writes the steps at this effort, or answers straight away."""
+        """Whether the expert writes the steps at this effort, or answers straight away. Low writes
+        only one-digit terms: three of them take ~14 tokens, inside its default budget of 16."""
         if effort == "low":
             return len(terms) <= self.low_chain_terms and max_digits(terms) == 1
         if effort == "high":
@@ -294,8 +295,7 @@ TRACES = {"add": add_trace, "mul": mul_trace, "chain": chain_trace}
 
 
 def max_digits(terms: list[int]) -> int:
-    """Digits of the longest term. Low effort writes the steps of at most `low_chain_terms` (default
-    three) one-digit terms: up to ~14 tokens, inside its small budget (the default is 16)."""
+    """Digits of the longest term."""
     return max(len(str(abs(term))) for term in terms)
 
 
