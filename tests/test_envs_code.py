@@ -221,6 +221,10 @@ def test_retry_demos_show_a_failed_attempt_its_real_feedback_then_the_right_func
             replayed = demos.replay(task, solution)  # the sandbox gives the same feedback
             assert replayed.turns == solution and replayed.done
             assert demos.verify(task, solution).reward == 1.0
+        # all transcripts at once, a turn at a time, mixed with plain completions: the same
+        tasks, transcripts = [task for task, _ in solutions], [solution for _, solution in solutions]
+        assert [e.turns for e in demos.replay_many(*zip(*retried))] == [s for _, s in retried]
+        assert demos.verify_many(tasks, transcripts) == [demos.verify(t, s) for t, s in solutions]
     half = CodeEnv(families=["arith"], retry_demos=0.5).sample(40, seed=6, effort="high")
     assert 8 <= sum(isinstance(CodeEnv(families=["arith"], retry_demos=0.5).solve(t), list) for t in half) <= 32
 

@@ -253,11 +253,17 @@ class CodeEnv:
 
     def replay(self, task: Task, transcript: list[dict[str, str]]) -> Attempts:
         """Re-run a transcript's attempts; its observations are ignored (the sandbox says them again)."""
-        episode = self.reset(task)
-        for turn in transcript:
-            if turn.get("role") == "assistant" and not episode.done:
-                self.step(episode, turn["content"])
-        return episode
+        return self.replay_many([task], [transcript])[0]
+
+    def replay_many(self, tasks: list[Task], transcripts: list[list[dict[str, str]]]) -> list[Attempts]:
+        """`replay` for many transcripts, a turn at a time: each turn's examples run in parallel
+        (the tiny base's data preparation replays ~600 transcripts with retries)."""
+        episodes = [self.reset(task) for task in tasks]
+        turns = [[t["content"] for t in transcript if t.get("role") == "assistant"] for transcript in transcripts]
+        for k in range(max(map(len, turns), default=0)):
+            going = [j for j, episode in enumerate(episodes) if k < len(turns[j]) and not episode.done]
+            self.step_many([episodes[j] for j in going], [turns[j][k] for j in going])
+        return episodes
 
     # ------------------------------------------------------------------------------- solving
     def solve(self, task: Task) -> str | list[dict[str, str]]:
@@ -278,12 +284,13 @@ class CodeEnv:
         return self.verify_many([task], [attempt])[0]
 
     def verify_many(self, tasks: list[Task], attempts: list[Attempts | list[dict[str, str]] | str]) -> list[Verdict]:
-        """`verify` for a batch; the sandbox runs the programs in parallel."""
+        """`verify` for a batch; the sandbox runs the programs (and the transcripts' replays) in parallel."""
+        for task in tasks:
+            check_code_meta(task)
         verdicts: list[Verdict | None] = []
         jobs: dict[int, tuple[str, Task]] = {}
-        for i, (task, attempt) in enumerate(zip(tasks, attempts, strict=True)):
-            check_code_meta(task)
-            code = extract_code(self.last_attempt(task, attempt))
+        for i, (task, attempt) in enumerate(zip(tasks, self.replayed(tasks, attempts), strict=True)):
+            code = extract_code(attempt.completion if isinstance(attempt, Attempts) else attempt)
             verdicts.append(code if isinstance(code, Verdict) else None)
             if not isinstance(code, Verdict):
                 jobs[i] = (code, task)
@@ -291,16 +298,20 @@ class CodeEnv:
             verdicts[i] = score(tasks[i], result, nonce, self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
 
+    def replayed(self, tasks: list[Task], attempts: list) -> list[Attempts | str]:
+        """The attempts with every transcript (a list of turns) replayed into an episode."""
+        transcripts = {i: attempt for i, attempt in enumerate(attempts) if isinstance(attempt, list)}
+        episodes = self.replay_many([tasks[i] for i in transcripts], list(transcripts.values()))
+        replayed = list(attempts)
+        for i, episode in zip(transcripts, episodes):
+            replayed[i] = episode
+        return replayed
+
     def run_harnesses(self, jobs: list[tuple[str, Task]]) -> list[tuple[RunResult, str]]:
         """Run each code on its task's tests in the sandbox, in parallel: (result, the run's nonce)."""
         nonces = [secrets.token_hex(16) for _ in jobs]
         programs = [harness_program(code, task, nonce) for (code, task), nonce in zip(jobs, nonces)]
         return list(zip(self.sandbox.run_many(programs), nonces))
-
-    def last_attempt(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> str:
-        if isinstance(attempt, list):
-            attempt = self.replay(task, attempt)
-        return attempt.completion if isinstance(attempt, Attempts) else attempt
 
     def close(self) -> None:
         if self._sandbox is not None:
