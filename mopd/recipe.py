@@ -158,6 +158,8 @@ class BenchSpec(Strict):
     samples: int | None = Field(None, gt=0, description="samples per task (k of mean@k / pass@k); null = the suite's")
     temperature: float | None = Field(None, ge=0, description="null = the suite's")
     backend: Literal["vllm", "hf"] | None = Field(None, description="rollout engine; null = the recipe's `rollout`")
+    workers: int = Field(1, ge=1, description="engines answering (model, cell) jobs at once, one Ray actor each")
+    resources: Resources = Field(default_factory=Resources, description="what each worker holds (threads = num_cpus)")
 
 
 class RaySpec(Strict):

@@ -300,6 +300,27 @@ def test_vllm_default_backend_scores_like_hf(checkpoints, suite_file):
         assert scores(by_vllm, name) == scores(by_hf, name)
 
 
+def test_two_workers_sample_what_one_engine_does(checkpoints, tmp_path, capsys):
+    """Two one-thread engines on Ray actors (the tiny recipe's bench) draw the very tokens one engine
+    draws at temperature 1: sampling is seeded per request. The report keeps the models' order."""
+    suite = write_suite(tmp_path / "two.yaml", {**SUITE, "n": 3, "temperature": 1.0, "efforts": ["low", "high", "max"]})
+    models = [f"a={checkpoints[0]}", f"b={checkpoints[1]}"]
+    alone = run_bench(models, suite=suite, recipe=tiny_recipe(), progress=False)
+    shared = run_bench(models, suite=suite, recipe=tiny_recipe(), progress=False, workers=2)
+    assert (alone["workers"], shared["workers"]) == (1, 2)
+    assert [(r["model"], r["effort"]) for r in shared["results"]] == [(r["model"], r["effort"]) for r in alone["results"]]
+    for one, two in zip(alone["results"], shared["results"]):
+        assert (one["task_rewards"], one["generated_tokens_mean"]) == (two["task_rewards"], two["generated_tokens_mean"])
+    assert sum(r["generated_tokens_mean"] for r in alone["results"]) > 0
+    printed = capsys.readouterr().err
+    assert all(f"{m} general-{e}: accuracy" in printed for m in "ab" for e in ("low", "high", "max"))
+
+
+def test_workers_must_be_positive(checkpoints, suite_file, no_sampling):
+    with pytest.raises(BenchError, match="--workers"):
+        run_bench([checkpoints[0]], suite=suite_file, recipe=tiny_recipe(), workers=0)
+
+
 def test_vllm_engine_restarts_for_another_architecture(checkpoints, tokenizer, suite_file, tmp_path):
     """A model the loaded engine cannot take by update_weights gets a new engine, the old one shut
     down first (a base → teacher → MOPD student run crashed on a late teardown of the old engine:

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
+import mopd.cluster
+from mopd.cluster import run_in_slots
 from mopd.recipe import Resources, load_recipe, load_teacher_specs
-from mopd.rl import teachers
-from mopd.rl.teachers import TeacherProgress, expected_cost, longest_first, run_in_slots, teacher_slots
+from mopd.rl.teachers import TeacherProgress, expected_cost, longest_first, teacher_slots
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,11 +105,11 @@ def test_slots_are_what_the_cluster_fits_of_the_hungriest_spec(tiny, monkeypatch
         specs["code-low"].model_copy(update={"resources": Resources(num_cpus=2)}),
     )
     gpu = one_cpu.model_copy(update={"resources": Resources(num_cpus=1, num_gpus=1)})
-    monkeypatch.setattr(teachers.ray, "cluster_resources", lambda: {"CPU": 5.0, "GPU": 2.0})
+    monkeypatch.setattr(mopd.cluster.ray, "cluster_resources", lambda: {"CPU": 5.0, "GPU": 2.0})
     assert teacher_slots([one_cpu]) == 5
     assert teacher_slots([one_cpu, two_cpus]) == 2
     assert teacher_slots([one_cpu, gpu]) == 2
-    monkeypatch.setattr(teachers.ray, "cluster_resources", lambda: {"CPU": 1.0})
+    monkeypatch.setattr(mopd.cluster.ray, "cluster_resources", lambda: {"CPU": 1.0})
     assert teacher_slots([two_cpus]) == 1  # never zero: Ray queues it until the cluster grows
 
 

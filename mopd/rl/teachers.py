@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -31,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mopd.artifacts import MetricsLog, config_hash, read_json, write_json_atomic
 from mopd.base.sft import base_checkpoint, check_checkpoint
+from mopd.cluster import run_in_slots, slots, start_ray
 from mopd.envs.tokenizer import transcript_text
 from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
 from mopd.rl.evaluate import evaluate_cell
@@ -107,23 +107,6 @@ def init_dir(spec, recipe: Recipe, run_dir: Path) -> Path:
     return path
 
 
-def start_ray(recipe: Recipe) -> bool:
-    """Connect to (or start) Ray as the recipe says; True when this call started it."""
-    if ray.is_initialized():
-        return False
-    # Ray starts workers at nice 15; here the teachers are the job itself, so on a shared box they
-    # would starve behind every other process.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(
-        address=recipe.ray.address,
-        num_cpus=recipe.ray.num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    return True
-
-
 class TeacherWorker:
     """A Ray actor that trains teachers one after another: its process imports torch, TRL and vLLM
     once (~13 s on one CPU), not once per cell. Ray restarts a worker that died and retries the cell
@@ -169,27 +152,7 @@ def expected_cost(spec, recipe: Recipe, n_tasks: int = 4) -> float:
 
 def teacher_slots(specs) -> int:
     """How many teachers the cluster runs at once: as many as fit when each needs the most any spec asks."""
-    total = ray.cluster_resources()
-    fits = [
-        int(total.get(name, 0) // need)
-        for spec in specs
-        for name, need in (("CPU", spec.resources.num_cpus), ("GPU", spec.resources.num_gpus))
-        if need > 0
-    ]
-    return max(1, min(fits, default=1))
-
-
-def run_in_slots(
-    queue: list[str], slots: int, start: Callable[[str], None], wait_one: Callable[[], str]
-) -> None:
-    """Start the queue in order, never more than `slots` running; `wait_one` blocks until one finishes and names it."""
-    waiting, running = list(queue), set()
-    while waiting or running:
-        while waiting and len(running) < slots:
-            cell = waiting.pop(0)
-            start(cell)
-            running.add(cell)
-        running.remove(wait_one())
+    return slots(spec.resources for spec in specs)
 
 
 class TeacherPool:
