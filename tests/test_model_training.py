@@ -26,6 +26,34 @@ def test_every_parameter_gets_a_gradient():
     assert without == []
 
 
+def test_packed_weights_serve_inference_and_leave_training_alone():
+    """`pack_for_inference` (the vLLM plugin's, after each weight load) keeps the concatenated
+    q|k|v and expert weights: inference gives the very same logits, training still reaches the
+    weights themselves, and packing again picks up changed weights."""
+    torch.manual_seed(0)
+    model = K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=4))
+    packers = [m for m in model.modules() if hasattr(m, "pack_for_inference")]
+    ids = torch.randint(3, model.config.vocab_size, (2, 40))
+    with torch.no_grad():
+        unpacked = model(ids).logits
+        for module in packers:
+            module.pack_for_inference()
+        assert torch.equal(model(ids).logits, unpacked)
+    assert {type(m).__name__ for m in packers} == {"KimiDeltaAttention", "LatentMoE"}
+    model(ids, labels=ids).loss.backward()
+    layer = model.model.layers[1]
+    assert layer.self_attn.q_proj.weight.grad.abs().sum() > 0
+    assert layer.block_sparse_moe.experts[0].w1.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        layer.self_attn.q_proj.weight.mul_(2.0)
+        for module in packers:
+            module.pack_for_inference()
+        changed = model(ids).logits
+        for module in packers:
+            module.packed = None
+        assert torch.equal(model(ids).logits, changed) and not torch.equal(changed, unpacked)
+
+
 def copy_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """[BOS, a1..an, SEP, a1..an]; only the copied half is scored."""
     symbols = torch.randint(4, 4 + SYMBOLS, (batch, COPY_LENGTH), generator=generator)

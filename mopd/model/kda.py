@@ -385,6 +385,7 @@ class KimiDeltaAttention(nn.Module):
             self.g_b_proj = nn.Linear(K, HK, bias=False)
         self.o_norm = nn.RMSNorm(K, eps=config.rms_norm_eps)
         self.o_proj = nn.Linear(HK, D, bias=False)
+        self.packed: tuple[Tensor, Tensor] | None = None  # see pack_for_inference
         self.reset_kda_parameters()
 
     @torch.no_grad()
@@ -439,9 +440,20 @@ class KimiDeltaAttention(nn.Module):
     def _short_convolutions(self, x: Tensor, conv_cache: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """SiLU(ShortConv(W x)) for q, k and v as one projection and one convolution over their
         concatenated channels (q|k|v, the layout of conv_cache), which costs a third of the calls."""
-        branches = ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d), (self.v_proj, self.v_conv1d))
-        projection = torch.cat([proj.weight for proj, _ in branches])
-        kernel = torch.cat([conv.weight for _, conv in branches])
+        projection, kernel = self.qkv_weights()
         y, cache = short_convolution(F.linear(x, projection), kernel, conv_cache)
         q, k, v = y.chunk(3, dim=-1)
         return q, k, v, cache
+
+    def qkv_weights(self) -> tuple[Tensor, Tensor]:
+        """The q|k|v projection [3*H*K, D] and convolution kernel [3*H*K, 1, W]."""
+        if self.packed is not None and not torch.is_grad_enabled():
+            return self.packed
+        branches = ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d), (self.v_proj, self.v_conv1d))
+        return torch.cat([proj.weight for proj, _ in branches]), torch.cat([conv.weight for _, conv in branches])
+
+    @torch.no_grad()
+    def pack_for_inference(self) -> None:
+        """Keep `qkv_weights` for forwards without autograd (see `LatentMoE.pack_for_inference`)."""
+        self.packed = None
+        self.packed = self.qkv_weights()

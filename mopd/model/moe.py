@@ -121,6 +121,7 @@ class LatentMoE(nn.Module):
         self.routed_expert_up_proj = nn.Linear(latent, d, bias=False) if latent else None
         shared_width = config.moe_intermediate_size * config.num_shared_experts
         self.shared_experts = GatedMLP(config, d, shared_width) if shared_width else None
+        self.packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_for_inference
 
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [B,T,D]; token_mask [B,T] marks real tokens (padding is not counted as expert load)."""
@@ -151,8 +152,22 @@ class LatentMoE(nn.Module):
         num_experts = len(self.experts)
         combine = torch.zeros(h.shape[0], num_experts, dtype=weights.dtype, device=h.device)
         combine = combine.scatter(1, indices, weights).to(h.dtype)
-        gate_up = torch.cat([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])  # [E*2*I, latent]
+        gate_up, down = self.expert_matrices()
         gate, up = F.linear(h, gate_up).unflatten(-1, (num_experts, 2, -1)).unbind(2)  # [N,E,I] each
         hidden = gated_activation(gate, up, self.config) * combine.unsqueeze(-1)
-        down = torch.cat([e.w2.weight for e in self.experts], dim=1)  # [latent, E*I]
         return F.linear(hidden.flatten(1), down)
+
+    def expert_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert's gate and up rows [E*2*I, latent] and down columns [latent, E*I]."""
+        if self.packed is not None and not torch.is_grad_enabled():
+            return self.packed
+        gate_up = torch.cat([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
+        return gate_up, torch.cat([e.w2.weight for e in self.experts], dim=1)
+
+    @torch.no_grad()
+    def pack_for_inference(self) -> None:
+        """Keep `expert_matrices` for forwards without autograd, instead of concatenating 24 weights
+        on every call. For an owner that sees every change of the weights and packs again (the vLLM
+        plugin, after each `load_weights`): a training step would leave the packed copy stale."""
+        self.packed = None
+        self.packed = self.expert_matrices()

@@ -91,6 +91,9 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
             with torch.no_grad():
                 target.copy_(tensor)
             loaded.add(name)
+        for module in self.modules():
+            if hasattr(module, "pack_for_inference"):
+                module.pack_for_inference()  # the engine never trains: weights change only here
         # vLLM's Attention keeps its own (unused, fp32-cache) scale parameters; they are not checkpoint weights.
         return loaded | {name for name, _ in self.named_parameters() if ".attn." in name}
 
