@@ -308,6 +308,7 @@ def test_two_workers_sample_what_one_engine_does(checkpoints, tmp_path, capsys):
     alone = run_bench(models, suite=suite, recipe=tiny_recipe(), progress=False)
     shared = run_bench(models, suite=suite, recipe=tiny_recipe(), progress=False, workers=2)
     assert (alone["workers"], shared["workers"]) == (1, 2)
+    assert "on 2 workers at once" in markdown(shared) and "workers at once" not in markdown(alone)
     assert [(r["model"], r["effort"]) for r in shared["results"]] == [(r["model"], r["effort"]) for r in alone["results"]]
     for one, two in zip(alone["results"], shared["results"]):
         assert (one["task_rewards"], one["generated_tokens_mean"]) == (two["task_rewards"], two["generated_tokens_mean"])

@@ -38,6 +38,10 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     write_text_atomic(out / "report.md", markdown(report))
 
 
+def workers_note(workers: int) -> str:
+    return "" if workers == 1 else f" on {workers} workers at once (latencies measured side by side)"
+
+
 def markdown(report: dict[str, Any]) -> str:
     suite, machine = report["suite"], report["machine"]
     names = [model["name"] for model in report["models"] if model["role"] != "teacher"]
@@ -47,7 +51,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{len(report['models'])} model(s) on `{suite['path']}`: {suite['n'] * len(suite['seeds'])} held-out tasks per cell "
         f"(seeds {suite['seeds']}), {suite['samples']} sample(s) per task (k = {suite['samples']}), "
-        f"temperature {suite['temperature']}, backend {report['backend']}. "
+        f"temperature {suite['temperature']}, backend {report['backend']}"
+        f"{workers_note(report.get('workers', 1))}. "
         f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
         "",
         "Budgets (thinking tokens): "
