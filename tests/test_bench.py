@@ -369,7 +369,7 @@ def command_out(tmp_path_factory, checkpoints):
     suite = write_suite(out / "unit.yaml", SUITE)
     args = argparse.Namespace(
         models=[f"base={checkpoints[0]}", f"trained={checkpoints[1]}"], run=None, suite=str(suite),
-        efforts="low,high", domains="general", n=1, samples=None, out=str(out), backend="hf",
+        efforts="low,high", domains="general", n=1, samples=None, out=str(out), backend="hf", workers=None,
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("mopd.bench.run.recipe_of", lambda refs: tiny_recipe())
