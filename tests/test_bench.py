@@ -21,6 +21,7 @@ import yaml
 from mopd.bench import plots
 from mopd.bench.report import TABLES, difference_se, markdown
 from mopd.bench.run import (
+    EngineCache,
     ModelRef,
     bench_command,
     bench_run_dir,
@@ -35,6 +36,7 @@ from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.pipeline import StageContext
 from mopd.recipe import ROOT, Recipe, load_recipe
+from mopd.rollout import engine as engine_module
 
 TINY_BUDGETS = {
     "low": {"budget_tokens": 4, "answer_tokens": 4},
@@ -331,6 +333,22 @@ def test_vllm_engine_restarts_for_another_architecture(checkpoints, tokenizer, s
     report = run_bench(models, suite=suite_file, recipe=tiny_recipe(), progress=False)
     assert {r["model"] for r in report["results"]} == {"a", "b", "deeper"}
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
+def test_a_checkpoint_saved_with_use_cache_off_is_swapped_in_not_restarted(checkpoints, tokenizer, tmp_path, monkeypatch):
+    """transformers' Trainer saves with `use_cache` off: a run's teachers differed from its base and
+    student in that key alone, and each switch between them started a new engine (~40 s of the tiny
+    run's bench)."""
+    teacher = write_checkpoint(tmp_path / "teacher", tokenizer, 2)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "use_cache": False}))
+    starts, create_engine = [], engine_module.create_engine
+    monkeypatch.setattr(engine_module, "create_engine", lambda path, **kw: starts.append(path) or create_engine(path, **kw))
+    cache = EngineCache("hf")
+    for path in (checkpoints[0], teacher, checkpoints[1], teacher):
+        engine = cache.load(Path(path))
+    assert starts == [checkpoints[0]]
+    assert torch.equal(engine.model.lm_head.weight, K3HybridForCausalLM.from_pretrained(teacher).lm_head.weight)
 
 
 def scores(report: dict, model: str) -> list[tuple]:

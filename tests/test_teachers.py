@@ -77,6 +77,8 @@ def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_p
     assert last_checkpoint(tmp_path / "checkpoints").endswith("checkpoint-2")
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template is not None
     assert (tmp_path / "model.safetensors").is_file()
+    # transformers' Trainer turns the cache off for training; the saved teacher keeps its base's setting
+    assert json.loads((tmp_path / "config.json").read_text())["use_cache"] is True
 
 
 def padded_rollouts(prompt_lengths, completion_lengths, width_prompt=6, width_completion=7):

@@ -430,15 +430,16 @@ class EngineCache:
         return self.engine
 
 
+# Config keys that say nothing about the served model. `use_cache` is a generate-time default
+# (transformers' Trainer saves it off: a run's teachers differ from its base and student in it alone).
+NOT_ARCHITECTURE = ("_name_or_path", "transformers_version", "use_cache")
+
+
 def checkpoint_signature(path: Path) -> str:
     """Equal for checkpoints that differ in weight values only."""
     from safetensors import safe_open
 
-    config = {
-        k: v
-        for k, v in read_json(path / "config.json").items()
-        if k not in ("_name_or_path", "transformers_version")
-    }
+    config = {k: v for k, v in read_json(path / "config.json").items() if k not in NOT_ARCHITECTURE}
     names = []
     for weights in sorted(path.glob("*.safetensors")):
         with safe_open(weights, "pt") as f:

@@ -75,6 +75,7 @@ def train_teacher(
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     metrics.resume_after(resumed_from)
     model = K3HybridForCausalLM.from_pretrained(init_dir)
+    use_cache = model.config.use_cache
     if spec.kl_beta > 0 and getattr(model.config, "auto_map", None) is None:
         raise ValueError(
             f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
@@ -91,6 +92,7 @@ def train_teacher(
     )
     trainer.remove_callback(PrinterCallback)  # metrics.jsonl and the driver's progress line say it
     trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.model.config.use_cache = use_cache  # transformers' Trainer turns it off for training
     trainer.model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return resumed_from
