@@ -27,7 +27,6 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import split_tensor_dict
 
 from mopd.artifacts import MetricsLog
 from mopd.envs import get_env
@@ -148,11 +147,17 @@ def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConf
 
 class LengthSortedGRPOTrainer(GRPOTrainer):
     """TRL's GRPO with each step's micro-batches cut from the rollouts sorted by length, every one
-    trimmed to its own longest rollout.
+    trimmed to its own longest rollout, and without the rollouts whose advantage is zero.
 
     TRL pads a step's rollouts to the longest of them and shuffles them before cutting micro-batches,
     so every micro-batch pays for the longest episode. One optimizer step sums the gradients of all
     its micro-batches, so which rollouts share a micro-batch does not change the update.
+
+    A group whose rollouts all earned the same reward gives each of them advantage 0. With the DAPO
+    loss (normalised by the tokens of the whole step, not of the micro-batch) and no KL or entropy
+    term, such a rollout adds exactly nothing to the gradient, so it is not trained on at all (a
+    third of a tiny teacher's rollouts on average, most of a late general-low step). Only the MoE
+    router's load statistics, which steer its bias, no longer count their tokens.
     """
 
     def _prepare_inputs(self, generation_batch):
@@ -160,24 +165,63 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         micro_batches = self.args.steps_per_generation
         if self._step % micro_batches == 0 or self._buffered_inputs is None:
-            batch = sorted_by_length(self._generate_and_score_completions(generation_batch))
-            self._buffered_inputs = [trim_padding(part) for part in split_tensor_dict(batch, micro_batches)]
+            batch = self._generate_and_score_completions(generation_batch)
+            if self.zero_advantage_is_silent():
+                batch = rows_with_learning_signal(batch, at_least=micro_batches)
+            batch = sorted_by_length(batch)
+            self._buffered_inputs = [trim_padding(part) for part in split_rows(batch, micro_batches)]
         return self._buffered_inputs[self._step % micro_batches]
+
+    def zero_advantage_is_silent(self) -> bool:
+        """Whether a rollout with advantage 0 contributes exactly 0 to the loss and its gradient."""
+        return (
+            self.loss_type == "dapo"
+            and self.beta == 0.0
+            and self.top_entropy_quantile == 1.0
+            and not self._entropy_bonus_enabled
+        )
 
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
-def sorted_by_length(batch: dict[str, Any]) -> dict[str, Any]:
-    """The rollouts (every batch-first tensor or list in `batch`) reordered by prompt + completion length."""
-    order = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).argsort(stable=True)
+def rollout_lengths(batch: dict[str, Any]) -> torch.Tensor:
+    return batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)
 
-    def reorder(value):
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
+    """Those rollouts (every batch-first tensor or list in `batch`), in that order; scalars as they are."""
+
+    def pick(value):
         if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
             return value
-        return value[order] if isinstance(value, torch.Tensor) else [value[i] for i in order]
+        return value[rows] if isinstance(value, torch.Tensor) else [value[i] for i in rows.tolist()]
 
-    return {key: reorder(value) for key, value in batch.items()}
+    return {key: pick(value) for key, value in batch.items()}
+
+
+def sorted_by_length(batch: dict[str, Any]) -> dict[str, Any]:
+    """The rollouts reordered by prompt + completion length."""
+    return select_rows(batch, rollout_lengths(batch).argsort(stable=True))
+
+
+def rows_with_learning_signal(batch: dict[str, Any], at_least: int) -> dict[str, Any]:
+    """The rollouts whose advantage is not zero; if fewer than `at_least` (one per micro-batch),
+    the shortest others make up the number (their gradient is zero all the same)."""
+    advantages = batch["advantages"]
+    keep = (advantages if advantages.ndim == 1 else advantages.abs().sum(1)) != 0
+    missing = at_least - int(keep.sum())
+    if missing > 0:
+        silent = (~keep).nonzero().squeeze(1)
+        keep[silent[rollout_lengths(batch)[silent].argsort(stable=True)[:missing]]] = True
+    return select_rows(batch, keep.nonzero().squeeze(1))
+
+
+def split_rows(batch: dict[str, Any], parts: int) -> list[dict[str, Any]]:
+    """`parts` consecutive runs of rollouts, sizes differing by at most one (TRL's split_tensor_dict
+    drops the remainder of an uneven split)."""
+    first = next(v for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim > 0)
+    return [select_rows(batch, rows) for rows in torch.arange(first.shape[0]).tensor_split(parts)]
 
 
 def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
