@@ -85,6 +85,9 @@ class TeacherSpec(Strict):
     learning_rate: float = Field(1e-4, gt=0)
     temperature: float = Field(1.0, gt=0)
     kl_beta: float = Field(0.0, ge=0)
+    skip_zero_advantage: bool = Field(
+        True, description="train only on rollouts with a non-zero advantage (the same gradient, where the loss allows)"
+    )
     checkpoint_every: int = Field(5, gt=0)
     resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
     max_restarts: int = Field(2, ge=0, description="times Ray restarts a teacher's dead actor and retries the cell (from its last checkpoint)")

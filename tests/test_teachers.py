@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import AutoTokenizer
 
 from mopd.base import build_base
@@ -21,9 +22,14 @@ from mopd.pipeline import StageContext
 from mopd.recipe import RecipeError, TeacherSpec, load_recipe, load_teacher_specs
 from mopd.rl.grpo import (
     GroupRollouts,
+    LengthSortedGRPOTrainer,
     TimedEnv,
+    grpo_config,
     last_checkpoint,
+    rows_with_learning_signal,
+    shaped_reward,
     sorted_by_length,
+    split_rows,
     teacher_tasks,
     train_teacher,
     trim_padding,
@@ -113,6 +119,48 @@ def test_micro_batches_are_cut_by_length_and_trimmed_to_their_longest_rollout():
     assert short["old_per_token_logps"].shape == (2, 3) and short["advantages"].shape == (2,)
     assert short["prompt_mask"].sum() == ordered["prompt_mask"][:2].sum()  # only padding was dropped
     assert short["completion_mask"].sum() == ordered["completion_mask"][:2].sum()
+
+
+def test_zero_advantage_rollouts_are_left_out_but_each_micro_batch_keeps_one():
+    batch = padded_rollouts(prompt_lengths=[4, 2, 3, 1], completion_lengths=[5, 1, 2, 3])  # lengths 9, 3, 5, 4
+    batch["advantages"] = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    assert rows_with_learning_signal(batch, at_least=1)["tags"] == ["row2"]
+    assert rows_with_learning_signal(batch, at_least=3)["tags"] == ["row1", "row2", "row3"]  # + the 2 shortest
+    parts = split_rows(batch, 3)  # an uneven split loses no rollout
+    assert [part["tags"] for part in parts] == [["row0", "row1"], ["row2"], ["row3"]]
+    assert all(torch.equal(part["num_items_in_batch"], batch["num_items_in_batch"]) for part in parts)
+
+
+def test_leaving_out_zero_advantage_rollouts_keeps_the_gradient(run_dir, tmp_path):
+    """DAPO normalises by the tokens of the whole step: rollouts with advantage 0 add nothing."""
+    recipe = smoke_recipe("teachers.common={steps: 1, prompts_per_step: 2, group_size: 3, micro_batch_size: 3}")
+    spec = load_teacher_specs(recipe)["general-high"]
+    trainer = LengthSortedGRPOTrainer(
+        model=K3HybridForCausalLM.from_pretrained(run_dir / "base"),
+        reward_funcs=shaped_reward,
+        args=grpo_config(spec, recipe, tmp_path, max_new_tokens=8),
+        train_dataset=Dataset.from_dict({"prompt": ["task"]}),
+        processing_class=AutoTokenizer.from_pretrained(run_dir / "base"),
+        rollout_func=lambda prompts, trainer: {},
+    )
+    assert trainer.zero_advantage_is_silent() and trainer.args.steps_per_generation == 2
+    batch = padded_rollouts(prompt_lengths=[4, 2, 3, 1, 5, 2], completion_lengths=[5, 1, 2, 3, 4, 6])
+    del batch["old_per_token_logps"]  # on-policy: TRL takes the detached log-probs of the forward itself
+    batch["advantages"] = torch.tensor([0.0, 1.2, 0.0, -0.7, 0.0, 0.5])
+
+    def gradient(rollouts):
+        trainer.model.train()
+        trainer.model.zero_grad()
+        trainer.current_gradient_accumulation_steps = 2
+        for part in split_rows(sorted_by_length(rollouts), 2):
+            trainer._compute_loss(trainer.model, trim_padding(part)).backward()
+        return {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+
+    every, with_signal = gradient(batch), gradient(rows_with_learning_signal(batch, at_least=2))
+    assert len(rows_with_learning_signal(batch, at_least=2)["tags"]) == 3
+    assert every.keys() == with_signal.keys() and any(g.abs().sum() > 0 for g in every.values())
+    for name, grad in every.items():
+        torch.testing.assert_close(with_signal[name], grad, atol=1e-7, rtol=1e-5, msg=name)
 
 
 def test_trimming_padding_leaves_the_policy_log_probs_unchanged(run_dir):

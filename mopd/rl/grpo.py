@@ -80,7 +80,9 @@ def train_teacher(
             f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
             "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
         )
+    options = {"skip_zero_advantage": spec.skip_zero_advantage} if trainer_class is None else {}
     trainer = (trainer_class or LengthSortedGRPOTrainer)(
+        **options,
         model=model,
         reward_funcs=shaped_reward,
         args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
@@ -157,8 +159,13 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
     loss (normalised by the tokens of the whole step, not of the micro-batch) and no KL or entropy
     term, such a rollout adds exactly nothing to the gradient, so it is not trained on at all (a
     third of a tiny teacher's rollouts on average, most of a late general-low step). Only the MoE
-    router's load statistics, which steer its bias, no longer count their tokens.
+    router's load statistics, which steer its bias, no longer count their tokens. A spec's
+    `skip_zero_advantage: false` trains on them all the same.
     """
+
+    def __init__(self, *args, skip_zero_advantage: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skip_zero_advantage = skip_zero_advantage
 
     def _prepare_inputs(self, generation_batch):
         if not self.model.training or self.num_iterations != 1:
@@ -166,7 +173,7 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
         micro_batches = self.args.steps_per_generation
         if self._step % micro_batches == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            if self.zero_advantage_is_silent():
+            if self.skip_zero_advantage and self.zero_advantage_is_silent():
                 batch = rows_with_learning_signal(batch, at_least=micro_batches)
             batch = sorted_by_length(batch)
             self._buffered_inputs = [trim_padding(part) for part in split_rows(batch, micro_batches)]
@@ -179,6 +186,7 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
             and self.beta == 0.0
             and self.top_entropy_quantile == 1.0
             and not self._entropy_bonus_enabled
+            and not self.aux_loss_enabled
         )
 
 
