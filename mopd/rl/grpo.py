@@ -80,9 +80,7 @@ def train_teacher(
             f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
             "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
         )
-    options = {"skip_zero_advantage": spec.skip_zero_advantage} if trainer_class is None else {}
     trainer = (trainer_class or LengthSortedGRPOTrainer)(
-        **options,
         model=model,
         reward_funcs=shaped_reward,
         args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
@@ -92,6 +90,7 @@ def train_teacher(
         callbacks=[StepMetrics(metrics, rollouts)],
     )
     trainer.remove_callback(PrinterCallback)  # metrics.jsonl and the driver's progress line say it
+    trainer.skip_zero_advantage = spec.skip_zero_advantage
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.model.config.use_cache = use_cache  # transformers' Trainer turns it off for training
     trainer.model.save_pretrained(out_dir)
@@ -163,9 +162,7 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
     `skip_zero_advantage: false` trains on them all the same.
     """
 
-    def __init__(self, *args, skip_zero_advantage: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.skip_zero_advantage = skip_zero_advantage
+    skip_zero_advantage = True
 
     def _prepare_inputs(self, generation_batch):
         if not self.model.training or self.num_iterations != 1:
