@@ -1,8 +1,12 @@
 """Teacher scoring: prefill-only log-probs of the student's exact tokens, locally and as Ray actors."""
 
+import warnings
+
 import pytest
 import torch
 
+from mopd.distill import scorer as scorer_module
+from mopd.distill.bench_scoring import materialised_score
 from mopd.distill.routing import build_route_table
 from mopd.distill.scorer import TeacherPool, TeacherScorer, token_budget_batches
 from mopd.model import K3HybridForCausalLM, preset_config
@@ -41,6 +45,67 @@ def test_scores_are_the_log_probs_of_the_exact_sampled_tokens(teachers):
         assert torch.equal(s.topk_logprobs, s.full_logprobs.topk(3, dim=-1).values)
         assert s.full_logprobs.exp().sum(-1).sub(1).abs().max() < 1e-4  # temperature 1: a distribution
     assert scorer.tokens_scored == sum(len(c) for c in completions)
+
+
+@pytest.fixture(scope="module")
+def vocab_teachers(tmp_path_factory):
+    """Tiny-shape teachers at the tiny vocabulary and at a larger one, without a tokenizer (ids only)."""
+    root = tmp_path_factory.mktemp("vocab_teachers")
+    for vocab in (1024, 32768):
+        torch.manual_seed(vocab)
+        K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=vocab)).save_pretrained(root / str(vocab))
+    return {vocab: root / str(vocab) for vocab in (1024, 32768)}
+
+
+@pytest.mark.parametrize("vocab", [1024, 32768])
+def test_chunked_head_equals_the_materialised_log_softmax(vocab_teachers, vocab):
+    # 3 positions per LM-head chunk and a 40-token batch budget: several chunks per sequence, padded batches
+    scorer = TeacherScorer(vocab_teachers[vocab], max_batch_tokens=40, logits_chunk_bytes=3 * 4 * vocab)
+    assert scorer.chunk_tokens == 3
+    prompts, completions = requests(vocab, [(5, 7), (9, 3), (4, 12), (5, 1), (1, 8)], seed=vocab)
+    got = scorer.score(prompts, completions, top_k=4, full=True)
+    expected = materialised_score(scorer, prompts, completions, top_k=4, full=True)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.logprobs, e.logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(g.topk_logprobs, e.topk_logprobs, atol=1e-5, rtol=0)
+        assert torch.equal(g.topk_ids, e.topk_ids)
+        torch.testing.assert_close(g.full_logprobs, e.full_logprobs, atol=1e-5, rtol=0)
+    (alone,) = scorer.score(prompts[:1], completions[:1])  # no top-k, no full: the same sampled-token log-probs
+    torch.testing.assert_close(alone.logprobs, got[0].logprobs, atol=1e-5, rtol=0)
+    assert alone.topk_ids is None and alone.full_logprobs is None
+
+
+def test_full_vocabulary_scores_warn_with_their_size(vocab_teachers, monkeypatch):
+    scorer = TeacherScorer(vocab_teachers[1024])
+    prompts, completions = requests(1024, [(3, 4), (2, 6)])
+    monkeypatch.setattr(scorer_module, "FULL_VOCAB_WARN_BYTES", 4 * 10 * 1024 - 1)
+    with pytest.warns(UserWarning, match=f"10 tokens x 1024 fp32 = {4 * 10 * 1024:,} bytes"):
+        scorer.score(prompts, completions, full=True)
+    monkeypatch.setattr(scorer_module, "FULL_VOCAB_WARN_BYTES", 4 * 10 * 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scorer.score(prompts, completions, full=True)
+
+
+def test_requests_without_a_prompt_are_refused(vocab_teachers):
+    scorer = TeacherScorer(vocab_teachers[1024])
+    with pytest.raises(ValueError, match=r"requests \[1\] have an empty prompt"):
+        scorer.score([[5], []], [[6], [7]])
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        scorer.score([[5], [6]], [[7]])
+
+
+def test_a_teacher_whose_logits_are_not_head_of_body_is_refused(vocab_teachers, monkeypatch):
+    forward = K3HybridForCausalLM.forward
+
+    def capped(self, *args, **kwargs):  # a soft-capped LM head, as some HF models have
+        out = forward(self, *args, **kwargs)
+        out.logits = 30 * torch.tanh(out.logits / 30)
+        return out
+
+    monkeypatch.setattr(K3HybridForCausalLM, "forward", capped)
+    with pytest.raises(ValueError, match="logits are not its output embeddings applied to its decoder"):
+        TeacherScorer(vocab_teachers[1024])
 
 
 def test_batches_respect_the_token_budget():

@@ -3,7 +3,12 @@
 `score` is one prefill over prompt + completion (no generation, no re-tokenisation) at
 temperature 1, returning per completion token the log-prob of the token the student sampled,
 and optionally the teacher's top-k or full next-token distribution. A teacher may be any HF
-causal LM that shares the student's tokenizer (the route table checks that before any work).
+causal LM that shares the student's tokenizer (the route table checks that before any work)
+and whose logits are its output embeddings applied to its decoder's hidden states (checked at load).
+
+Memory is linear in tokens: the LM head runs only at completion positions, a bounded chunk of
+positions at a time, so no [B, T, V] tensor exists. Only `full` keeps [T, V] per sequence, and it
+warns when that exceeds 1 GiB in a call.
 
 `TeacherPool` runs one scorer per distinct teacher checkpoint, as Ray actors by default (teachers
 score in parallel, each in its own process) or in-process for small local runs.
@@ -11,6 +16,7 @@ score in parallel, each in its own process) or in-process for small local runs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +34,12 @@ class TeacherScores:
 
 
 class TeacherScorer:
+    """Scores in memory linear in tokens: the model body runs once over each padded batch, the LM head
+    only over completion positions, `logits_chunk_bytes` of fp32 logits at a time (never [B, T, V])."""
+
     def __init__(
         self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0,
-        device: str = "cpu",
+        device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20,
     ):  # fmt: skip
         from transformers import AutoModelForCausalLM
 
@@ -41,42 +50,89 @@ class TeacherScorer:
         self.checkpoint = str(checkpoint)
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval().to(self.device)
+        self.body, self.head = self.model.get_decoder(), self.model.get_output_embeddings()
+        self.vocab_size = self.head.weight.shape[0]
+        self.check_logits_are_head_of_body()
         self.pad_id = self.model.config.pad_token_id or 0
         self.max_batch_tokens = max_batch_tokens
+        self.chunk_tokens = max(1, logits_chunk_bytes // (4 * self.vocab_size))
         self.tokens_scored = 0
+
+    @torch.inference_mode()
+    def check_logits_are_head_of_body(self) -> None:
+        # Chunked scoring assumes logits = head(body(x)); a model that caps or scales its logits does not.
+        probe = torch.arange(1, 5, device=self.device)[None] % self.vocab_size
+        expected = self.model(input_ids=probe, use_cache=False).logits.float()
+        composed = self.head(self.body(input_ids=probe, use_cache=False).last_hidden_state).float()
+        if not torch.allclose(composed, expected, rtol=1e-4, atol=1e-5):
+            raise ValueError(
+                f"teacher {self.checkpoint}: {type(self.model).__name__} logits are not its output embeddings "
+                "applied to its decoder's hidden states (logit capping or scaling?); the scorer cannot chunk them"
+            )
 
     @torch.inference_mode()
     def score(
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
     ) -> list[TeacherScores]:
-        if len(prompt_ids) != len(completion_ids):
-            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        check_requests(prompt_ids, completion_ids)
+        if full:
+            warn_if_full_is_large(sum(len(c) for c in completion_ids), self.vocab_size)
         sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
         out: list[TeacherScores | None] = [None] * len(sequences)
         for batch in token_budget_batches(sequences, self.max_batch_tokens):
-            logprobs = self.next_token_logprobs([sequences[i] for i in batch])
+            hidden = self.hidden_states([sequences[i] for i in batch])
             for row, i in enumerate(batch):
                 start, n = len(prompt_ids[i]) - 1, len(completion_ids[i])
-                positions = logprobs[row, start : start + n].cpu()
-                out[i] = completion_scores(positions, torch.tensor(completion_ids[i]), top_k, full)
+                tokens = torch.tensor(completion_ids[i], device=self.device)
+                out[i] = self.completion_scores(hidden[row, start : start + n], tokens, top_k, full)
         self.tokens_scored += sum(len(c) for c in completion_ids)
         return out  # type: ignore[return-value]
 
-    def next_token_logprobs(self, sequences: list[list[int]]) -> torch.Tensor:
-        """[B, T, V] log-softmax at each position; right padding is invisible to a causal model."""
+    def hidden_states(self, sequences: list[list[int]]) -> torch.Tensor:
+        """[B, T, hidden] at each position; right padding is invisible to a causal model."""
         width = max(len(s) for s in sequences)
         batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences], device=self.device)
-        logits = self.model(input_ids=batch, use_cache=False).logits
-        return torch.log_softmax(logits.float(), dim=-1)
+        return self.body(input_ids=batch, use_cache=False).last_hidden_state
+
+    def completion_scores(self, hidden: torch.Tensor, tokens: torch.Tensor, top_k: int, full: bool) -> TeacherScores:
+        """Log-softmax in fp32 of head(hidden), `chunk_tokens` positions at a time, written into [T]-sized outputs."""
+        n = len(tokens)
+        scores = TeacherScores(logprobs=torch.empty(n))
+        if top_k:
+            scores.topk_logprobs, scores.topk_ids = torch.empty(n, top_k), torch.empty(n, top_k, dtype=torch.long)
+        if full:
+            scores.full_logprobs = torch.empty(n, self.vocab_size)
+        for start in range(0, n, self.chunk_tokens):
+            rows = slice(start, start + self.chunk_tokens)
+            logits = self.head(hidden[rows]).float()
+            normaliser = logits.logsumexp(-1, keepdim=True)
+            scores.logprobs[rows] = (logits.gather(-1, tokens[rows, None]) - normaliser).squeeze(-1)
+            if top_k:
+                values, ids = logits.topk(top_k, dim=-1)
+                scores.topk_logprobs[rows], scores.topk_ids[rows] = values - normaliser, ids
+            if full:
+                scores.full_logprobs[rows] = logits.sub_(normaliser)
+        return scores
 
 
-def completion_scores(positions: torch.Tensor, tokens: torch.Tensor, top_k: int, full: bool) -> TeacherScores:
-    scores = TeacherScores(logprobs=positions.gather(-1, tokens[:, None]).squeeze(-1))
-    if top_k:
-        scores.topk_logprobs, scores.topk_ids = positions.topk(top_k, dim=-1)
-    if full:
-        scores.full_logprobs = positions.clone()
-    return scores
+def check_requests(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> None:
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    empty = [i for i, prompt in enumerate(prompt_ids) if not prompt]
+    if empty:
+        raise ValueError(f"score: requests {empty} have an empty prompt (the first completion token needs a context)")
+
+
+FULL_VOCAB_WARN_BYTES = 2**30
+
+
+def warn_if_full_is_large(tokens: int, vocab_size: int) -> None:
+    size = 4 * tokens * vocab_size
+    if size > FULL_VOCAB_WARN_BYTES:
+        warnings.warn(
+            f"full-vocabulary teacher scores keep [T, V] per sequence: {tokens} tokens x {vocab_size} fp32 = {size:,} bytes",
+            stacklevel=3,
+        )
 
 
 def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[list[int]]:
