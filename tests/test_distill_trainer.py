@@ -151,7 +151,18 @@ def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup
     assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer_config.json").is_file()
     scores = json.loads((out / "eval.json").read_text())["general-low"]
     assert scores["student"]["rollouts"] == scores["teacher"]["rollouts"] == 2
-    assert scores["student_over_teacher"] >= 0
+    for name in ("student", "teacher"):
+        assert 0.0 <= scores[name]["reward"] <= 1.0
+    expected = scores["student"]["reward"] / max(scores["teacher"]["reward"], 1e-9)
+    assert scores["student_over_teacher"] == pytest.approx(expected)
+
+
+@pytest.fixture(scope="module")
+def default_step(setup):
+    """The first step's metrics with the default loss (sampled-token reverse KL, IcePop)."""
+    final = run(setup, "options-default", steps=1)
+    (record,) = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    return record
 
 
 @pytest.mark.parametrize(
@@ -162,8 +173,12 @@ def test_the_pipeline_stage_distils_the_base_and_compares_held_out_rewards(setup
         {"full_vocab_kl": True, "reward_scale": 1.5},
     ],
 )
-def test_loss_options_train_and_log(setup, options):
+def test_loss_options_train_and_log(setup, default_step, options):
     final = run(setup, f"options-{len(options)}-{next(iter(options))}", steps=1, **options)
     (record,) = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
     assert torch.isfinite(torch.tensor([record["loss"], record["grad_norm"]])).all()
     assert record["grad_norm"] > 0
+    # the same rollouts and teacher scores as the default loss's first step, but another loss
+    for cell in CELLS:
+        assert record[f"{cell}/reverse_kl"] == pytest.approx(default_step[f"{cell}/reverse_kl"], abs=1e-6)
+    assert abs(record["loss"] - default_step["loss"]) > 1e-4
