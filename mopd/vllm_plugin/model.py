@@ -12,6 +12,10 @@ HF model's own module, run on vLLM's flat token batch [N, D]. Only attention dif
 
 All parameters are plain `nn.Parameter`s owned here (no vLLM layer repacks them), so
 `load_weights` works at any time: that is how rollout weights are updated without a restart.
+
+The model runs in the dtype vLLM picks (fp32, bf16 — vLLM's default for an fp32
+checkpoint — or fp16) with the HF model's own casts: the KDA recurrent state and the MoE router bias
+stay fp32 and the per-token fp32 computations (gates, norms, router, AttnRes) are the HF layers'.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vllm.config import VllmConfig
+from vllm.config import CacheConfig, ModelConfig, VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -104,9 +108,7 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
-        return MambaStateDtypeCalculator.kda_state_dtype(
-            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
-        )
+        return kda_state_dtype(vllm_config.model_config, vllm_config.cache_config)
 
     @classmethod
     def get_mamba_state_copy_func(cls):
@@ -117,6 +119,15 @@ def kda_state_shape(config: K3HybridConfig):
     lac = config.linear_attn_config
     return MambaStateShapeCalculator.kda_state_shape(
         1, lac["num_heads"], lac["head_dim"], conv_kernel_size=lac["short_conv_kernel_size"]
+    )
+
+
+def kda_state_dtype(model_config: ModelConfig, cache_config: CacheConfig) -> tuple[torch.dtype, torch.dtype]:
+    """(conv tail, recurrent state): the conv tail holds inputs, in the model dtype as in the HF
+    cache; the recurrent state is fp32 by default (`--mamba-ssm-cache-dtype`), as the HF layer and
+    fla keep it, since rounding it every step would compound over the whole sequence."""
+    return MambaStateDtypeCalculator.kda_state_dtype(
+        model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
     )
 
 
@@ -183,7 +194,7 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
         return kda_state_shape(self.config)
 
     def get_state_dtype(self):
-        return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
+        return kda_state_dtype(self.model_config, self.cache_config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N,D], requests laid out decodes first, then prefills."""
@@ -191,13 +202,13 @@ class VllmKDA(KimiDeltaAttention, MambaBase):
         heads = (x.shape[0], self.num_heads, self.head_dim)
         g = kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log, self.dt_bias, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x).float())
-        o = torch.zeros(heads, dtype=torch.float32, device=x.device)
+        o = torch.zeros(heads, dtype=x.dtype, device=x.device)  # KDA's output dtype, as in the HF layer
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict) and self.prefix in metadata:  # absent in vLLM's dummy profiling runs
             self.attend_cached(x, g, beta, o, metadata[self.prefix])
 
         gate = self.g_proj(x) if self.use_full_rank_gate else self.g_b_proj(self.g_a_proj(x))
-        o = F.rms_norm(o, (self.head_dim,), self.o_norm.weight.float(), self.o_norm.eps)
+        o = F.rms_norm(o.float(), (self.head_dim,), self.o_norm.weight.float(), self.o_norm.eps)
         o = o * torch.sigmoid(gate.float().view(heads))
         return self.o_proj(o.flatten(-2).to(x.dtype))
 
