@@ -11,7 +11,7 @@ export TRL_EXPERIMENTAL_SILENCE ?= 1
 
 .PHONY: run test lint bench clean system-deps
 
-run: $(STAMP)
+run: $(STAMP) system-deps
 	$(BIN)/mopd run recipes/tiny.yaml
 
 test: $(STAMP) system-deps
@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import transformers.models.llama.modeling_llama, vllm, mopd" 
 	touch $(STAMP)
 
-# bubblewrap backs the code sandbox; install it when we can (root) and it is missing.
+# bubblewrap backs the code sandbox, which refuses to run without it; install it when we can (root)
+# and it is missing, else say what to install.
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \

@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from mopd.artifacts import config_hash, read_json, write_json_atomic
+from mopd.envs.sandbox import describe_backend, resolve_backend
 from mopd.recipe import Recipe
 
 console = Console(stderr=True)
@@ -33,6 +34,7 @@ class Stage:
     run: StageFn
     needs: tuple[str, ...] = ()
     checks_own_parts: bool = False  # keeps its directory and checks each part's inputs itself (teachers)
+    judges_code: bool = False  # runs candidate programs in the code sandbox; stage.json names which sandbox
 
 
 @dataclass
@@ -47,9 +49,12 @@ class Pipeline:
     def __init__(self, recipe: Recipe, run_dir: Path, stages: list[Stage]):
         self.recipe, self.run_dir, self.stages = recipe, run_dir, stages
         self.hashes: dict[str, str] = {}
+        self.code_sandbox: str | None = None
 
     def run(self) -> dict[str, str]:
         """Run (or skip) every stage in order; returns stage name → 'done' | 'skipped'."""
+        if any(stage.judges_code for stage in self.stages):
+            self.code_sandbox = code_sandbox(self.recipe)  # refuses here, before any work, without bwrap
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / "recipe.json", self.recipe.model_dump(mode="json"))
         outcome = {}
@@ -75,7 +80,10 @@ class Pipeline:
         write_json_atomic(stage_dir / "started.json", {"name": stage.name, "hash": digest})
         stage.run(context)
         seconds = round(time.time() - start, 1)
-        write_json_atomic(stage_dir / "stage.json", {"name": stage.name, "hash": digest, "seconds": seconds})
+        marker = {"name": stage.name, "hash": digest, "seconds": seconds}
+        if stage.judges_code and self.code_sandbox:
+            marker["code_sandbox"] = describe_backend(self.code_sandbox)
+        write_json_atomic(stage_dir / "stage.json", marker)
         console.print(f"[green]✓ {stage.name}[/green] in {seconds} s")
         return "done"
 
@@ -120,20 +128,56 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
     def teachers(ctx: StageContext) -> None:
         train_teachers(ctx.recipe, ctx.run_dir, recipe_dir=recipe_dir)
 
+    code = stages_judging_code(recipe, specs, suite)
     return [
-        Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base),
+        Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
+              judges_code="base" in code),
         Stage(
             "teachers",
             {**shared, "rollout": recipe.rollout, "specs": {c: hashed_fields(s) for c, s in specs.items()}},
             teachers,
             needs=("base",),
             checks_own_parts=True,  # a teacher is kept or cleared by its own spec hash
+            judges_code="teachers" in code,
         ),
         Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
-              run_distill, needs=("base", "teachers")),
+              run_distill, needs=("base", "teachers"), judges_code="distill" in code),
         Stage("bench", {**shared, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
-              run_bench_stage, needs=("base", "teachers", "distill")),
-    ]
+              run_bench_stage, needs=("base", "teachers", "distill"), judges_code="bench" in code),
+    ]  # fmt: skip
+
+
+def stages_judging_code(recipe: Recipe, specs: dict, suite: Path) -> set[str]:
+    """The stages that run candidate programs in the code sandbox: base (verifying its corrupted
+    traces), teachers and distill with a code cell, bench with a code domain."""
+    from mopd.bench.suite import load_suite
+
+    stages = set()
+    if recipe.base.checkpoint is None and recipe.base.sft.mix.get("code", 0) > 0:
+        stages.add("base")
+    if any(spec.domain == "code" for spec in specs.values()):
+        stages.add("teachers")
+    if any(weight > 0 and cell.startswith("code-") for cell, weight in recipe.distill.mix.items()):
+        stages.add("distill")
+    if "code" in load_suite(suite).domains:
+        stages.add("bench")
+    return stages
+
+
+def code_sandbox(recipe: Recipe) -> str:
+    """The sandbox that will judge the recipe's code here, 'bwrap' or 'rlimit', found before any work:
+    without a working bubblewrap, SandboxUnavailable unless the recipe opts into the degraded one."""
+    options = recipe.env_options("code")
+    return resolve_backend(options.get("backend", "auto"), options.get("allow_degraded", False))
+
+
+def check_code_sandbox(recipe: Recipe, recipe_dir: Path | None = None) -> str | None:
+    """`code_sandbox` when some stage of the recipe judges code, else None (`mopd validate`)."""
+    from mopd.recipe import load_teacher_specs, resolve_path
+
+    specs = load_teacher_specs(recipe, recipe_dir)
+    judging = stages_judging_code(recipe, specs, resolve_path(recipe.bench.suite, recipe_dir))
+    return code_sandbox(recipe) if judging else None
 
 
 def hashed_fields(model) -> dict:

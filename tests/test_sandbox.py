@@ -1,7 +1,9 @@
 """Attack suite: hostile programs are contained, score 0, and leave this test process unharmed.
 
 Every hostile program of a suite runs in one parallel batch (the sandbox's worker pool); the tests
-then check what each one achieved. bwrap is required: a machine without it fails here loudly.
+then check what each one achieved. They run in the default mode, which is bwrap: a machine without
+it fails here loudly, as the sandbox itself refuses to start there unless degraded mode is opted into.
+The network probes target only a listener this test opens on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -10,16 +12,34 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from mopd.artifacts import read_json
+from mopd.bench.report import markdown
+from mopd.cli import main
 from mopd.envs.code import CodeEnv
-from mopd.envs.sandbox import SANDBOX_UID_BASE, UIDS_PER_PROCESS, Limits, Program, Sandbox, choose_backend
+from mopd.envs.sandbox import (
+    DEGRADED,
+    SANDBOX_UID_BASE,
+    UIDS_PER_PROCESS,
+    Limits,
+    Program,
+    Sandbox,
+    SandboxUnavailable,
+    bwrap_problem,
+    choose_backend,
+    describe_backend,
+)
+from mopd.pipeline import Pipeline, Stage
+from mopd.recipe import Recipe
 
 LIMITS = Limits(cpu_s=1, wall_s=3.0)
 TEST_PID = os.getpid()
@@ -39,12 +59,23 @@ def outside(tmp_path_factory):
     sentinel = root / "sentinel.txt"
     sentinel.write_text("untouched")
     sentinel.chmod(0o666)
+    # A host directory anyone may enter and write (unlike pytest's 0700 tmp root), holding a
+    # world-readable secret: only the sandbox's own file system keeps a program from it.
+    host = Path(tempfile.mkdtemp(prefix="mopd-host-"))
+    host.chmod(0o777)
+    marker = f"MOPD-SECRET-{secrets.token_hex(8)}"
+    secret = host / "secret.txt"
+    secret.write_text(marker)
+    secret.chmod(0o644)
     server = socket.create_server(("127.0.0.1", 0))
     server.setblocking(False)
     bystander = subprocess.Popen(["sleep", "120"])
     world = {
         "root": root,
         "sentinel": sentinel,
+        "host": host,
+        "secret": secret,
+        "marker": marker,
         "server": server,
         "port": server.getsockname()[1],
         "bystander": bystander,
@@ -54,10 +85,18 @@ def outside(tmp_path_factory):
     bystander.kill()
     bystander.wait()
     server.close()
+    shutil.rmtree(host, ignore_errors=True)
+    Path(f"/tmp/mopd-escape-{TEST_PID}").unlink(missing_ok=True)
+
+
+def assert_listener_accepted_nothing(server: socket.socket) -> None:
+    with pytest.raises(BlockingIOError):
+        server.accept()
 
 
 def hostile_programs(world: dict) -> dict[str, str]:
     sentinel, port, bystander = str(world["sentinel"]), world["port"], world["bystander"].pid
+    secret, created = str(world["secret"]), str(world["host"] / "created_by_sandbox")
     return {
         "fork_bomb": """
 import os
@@ -94,12 +133,26 @@ while True:
         "sleep_forever": "import time\ntime.sleep(600)\n",
         "network": f"""
 import socket
-for address in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 80)]:
+for address in [("127.0.0.1", {port}), ("localhost", {port})]:
     try:
         socket.create_connection(address, timeout=1).sendall(b"hello")
         print("CONNECTED", address)
     except OSError as exc:
         print("blocked", address, exc)
+""",
+        "read_host_file": f"""
+try:
+    print("LEAK", open({secret!r}).read())
+except OSError as exc:
+    print("refused", exc)
+""",
+        "create_outside": f"""
+for path in [{created!r}, "/tmp/mopd-escape-{TEST_PID}"]:
+    try:
+        open(path, "x").write("pwned")
+        print("CREATED", path)
+    except OSError as exc:
+        print("refused", path, exc)
 """,
         "write_outside": f"""
 import os
@@ -214,6 +267,7 @@ def run_suite(backend: str, world: dict, names: list[str] | None = None) -> tupl
     programs = hostile_programs(world)
     names = names or list(programs)
     sandbox = Sandbox(LIMITS, workers=len(names), backend=backend)
+    assert sandbox.backend == ("bwrap" if backend == "auto" else backend)  # the default mode is bwrap
     start = time.monotonic()
     results = sandbox.run_many([Program(programs[name]) for name in names])
     sandbox.close()
@@ -228,7 +282,7 @@ def test_bwrap_is_installed_and_usable():
 
 @pytest.fixture(scope="module")
 def bwrap_suite(outside):
-    results, elapsed = run_suite("bwrap", outside)
+    results, elapsed = run_suite("auto", outside)
     return results, elapsed, leftovers_after()
 
 
@@ -249,9 +303,8 @@ def test_resource_bombs_are_contained(bwrap_suite):
 def test_no_network(bwrap_suite, outside):
     results, _, _ = bwrap_suite
     assert "CONNECTED" not in results["network"].stdout
-    assert results["network"].stdout.count("blocked") == 3
-    with pytest.raises(BlockingIOError):
-        outside["server"].accept()
+    assert results["network"].stdout.count("blocked") == 2
+    assert_listener_accepted_nothing(outside["server"])
 
 
 def test_file_system_is_read_only_and_private(bwrap_suite, outside):
@@ -259,6 +312,11 @@ def test_file_system_is_read_only_and_private(bwrap_suite, outside):
     assert "WROTE" not in results["write_outside"].stdout
     assert results["write_outside"].stdout.count("refused") == 6
     assert "LEAK" not in results["read_outside"].stdout
+    host_file = results["read_host_file"]
+    assert "refused" in host_file.stdout and outside["marker"] not in host_file.stdout + host_file.stderr
+    assert "CREATED " + str(outside["host"]) not in results["create_outside"].stdout
+    assert not (outside["host"] / "created_by_sandbox").exists()
+    assert not Path(f"/tmp/mopd-escape-{TEST_PID}").exists()  # its /tmp is a private tmpfs
     assert "WROTE BIG" not in results["big_file"].stdout
     assert "FILLED" not in results["fill_tmp"].stdout
     assert len(results["flood_stdout"].stdout) <= LIMITS.file_bytes
@@ -338,7 +396,28 @@ def reward_hacks(world: dict) -> dict[str, str]:
     }
 
 
-def hack_verdicts(backend: str, world: dict) -> tuple[dict, object]:
+def host_hacks(world: dict) -> dict[str, str]:
+    """Hacks that win only where the host leaks in: each returns the right answer only after its attack
+    worked, so a reward of 1 means the attack got through. The degraded rlimit sandbox shares the
+    host's network and file system: there these win (see the issue's measurements)."""
+    answers = "\n".join(["import json", "ANSWERS = {json.dumps([[1, 2]]): [2, 3], json.dumps([[]]): [], json.dumps([[5]]): [6]}"])
+    lookup = "    return ANSWERS[json.dumps([xs])]\n"
+    return {
+        "connect_loopback": (
+            f"import socket\n{answers}\ndef f(xs):\n"
+            f"    socket.create_connection(('127.0.0.1', {world['port']}), timeout=1).close()\n{lookup}"
+        ),
+        "read_host_file": (
+            f"{answers}\nSECRET = open({str(world['secret'])!r}).read()\ndef f(xs):\n"
+            f"    assert SECRET.startswith('MOPD-SECRET-')\n{lookup}"
+        ),
+        "create_outside": (
+            f"{answers}\nopen({str(world['host'] / 'created_by_hack')!r}, 'x').close()\ndef f(xs):\n{lookup}"
+        ),
+    }
+
+
+def hack_verdicts(backend: str, world: dict, hacks: dict[str, str]) -> tuple[dict, object]:
     env = CodeEnv(families=["list_pipeline"], workers=8, limits=LIMITS, backend=backend)
     task = env.sample(1, seed=0)[0]
     tests = [
@@ -350,23 +429,29 @@ def hack_verdicts(backend: str, world: dict) -> tuple[dict, object]:
     hidden = world["root"] / "hidden_tests.json"
     hidden.write_text(json.dumps(tests))
     hidden.chmod(0o644)  # readable by anyone who can reach it
-    hacks = {"correct": CORRECT, **reward_hacks(world)}
+    hacks = {"correct": CORRECT, **hacks}
     completions = [f"<think>hm</think>\n```python\n{code}```" for code in hacks.values()]
     verdicts = env.verify_many([task] * len(hacks), completions)
     env.close()
     return dict(zip(hacks, verdicts)), task
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "rlimit"])
+@pytest.mark.parametrize("backend", ["auto", "rlimit"])
 def test_reward_hacks_score_zero(backend, outside):
-    verdicts, _ = hack_verdicts(backend, outside)
+    # the default mode faces every hack; the degraded one only those that need no host access
+    hacks = {**reward_hacks(outside), **(host_hacks(outside) if backend == "auto" else {})}
+    verdicts, _ = hack_verdicts(backend, outside, hacks)
     assert verdicts.pop("correct").reward == 1.0
     assert len(verdicts) >= 15
+    assert {v.details["sandbox"] for v in verdicts.values()} == {"bwrap" if backend == "auto" else "rlimit"}
     won = {name: v.details for name, v in verdicts.items() if v.reward != 0.0}
     assert won == {}
     os.kill(TEST_PID, 0)
     assert outside["bystander"].poll() is None
     assert verdicts["loop_in_call"].details["status"] in ("timeout", "exited")
+    if backend == "auto":
+        assert_listener_accepted_nothing(outside["server"])
+        assert not (outside["host"] / "created_by_hack").exists()
 
 
 # ---------------------------------------------------------------------------- rlimit fallback
@@ -404,21 +489,81 @@ def test_rlimit_fallback_contains_bombs_and_killers(outside):
     assert leftovers_after() == []  # the escaped daemon was killed by uid
 
 
-def test_unusable_bwrap_falls_back_with_a_warning(caplog):
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """bwrap looked up on a PATH that lacks it, as on a fresh machine."""
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda cmd, *a, **k: None if cmd == "bwrap" else real_which(cmd, *a, **k))
+    bwrap_problem.cache_clear()
+    yield
+    bwrap_problem.cache_clear()
+
+
+def test_without_bwrap_the_sandbox_refuses_with_the_install_hint(no_bwrap):
+    for make in (lambda: Sandbox(), lambda: Sandbox(backend="bwrap"), lambda: CodeEnv().sandbox):
+        with pytest.raises(SandboxUnavailable) as refused:
+            make()
+        message = str(refused.value)
+        assert "bwrap executable is not on PATH" in message
+        assert "apt-get install bubblewrap" in message and "allow_degraded: true" in message
+
+
+def test_without_bwrap_the_opt_in_runs_the_degraded_sandbox_and_says_so(no_bwrap, caplog, outside):
     with caplog.at_level(logging.WARNING, logger="mopd.envs.sandbox"):
-        assert choose_backend("auto", "/nonexistent/python3") == "rlimit"
+        env = CodeEnv(families=["list_pipeline"], workers=2, limits=LIMITS, allow_degraded=True)
+        task = env.sample(1, seed=0)[0]
+        verdict = env.verify(task, env.solve(task))
+        env.close()
+    assert verdict.reward == 1.0 and verdict.details["sandbox"] == "rlimit"
     assert "DEGRADED" in caplog.text
-    with pytest.raises(RuntimeError, match="bwrap sandbox was requested"):
-        choose_backend("bwrap", "/nonexistent/python3")
+    with pytest.raises(SandboxUnavailable):  # the opt-in never weakens an explicit request for bwrap
+        choose_backend("bwrap", "/nonexistent/python3", allow_degraded=True)
+
+
+def test_pipeline_refuses_before_any_work_and_labels_what_it_judged(no_bwrap, tmp_path):
+    ran = []
+    stages = [Stage("base", {}, lambda ctx: ran.append("base")), Stage("code", {}, lambda ctx: ran.append("code"), judges_code=True)]
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        Pipeline(Recipe(name="t"), tmp_path / "refused", stages).run()
+    assert ran == [] and not (tmp_path / "refused").exists()
+
+    degraded = Recipe(name="t", sandbox={"allow_degraded": True})
+    assert degraded.env_options("code") == {"allow_degraded": True} and degraded.env_options("agent") == {}
+    Pipeline(degraded, tmp_path / "run", stages).run()
+    assert ran == ["base", "code"]
+    assert "code_sandbox" not in read_json(tmp_path / "run" / "base" / "stage.json")
+    assert read_json(tmp_path / "run" / "code" / "stage.json")["code_sandbox"] == DEGRADED
+
+
+def test_cli_refuses_without_a_traceback_unless_opted_in(no_bwrap, capsys):
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "tiny.yaml")
+    assert main(["validate", recipe]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install bubblewrap" in err and "--allow-degraded-sandbox" in err and "Traceback" not in err
+    assert main(["validate", recipe, "--allow-degraded-sandbox"]) == 0
+    assert f"code will be judged in the {DEGRADED}" in capsys.readouterr().out
+
+
+def test_bench_report_names_the_degraded_sandbox():
+    report = {
+        "suite": {"name": "unit", "path": "unit.yaml", "n": 1, "seeds": [1001], "samples": 1, "temperature": 1.0},
+        "machine": {"cpu_count": 2, "torch": "x", "platform": "y"},
+        "backend": "hf", "efforts": {"low": {"budget_tokens": 16}}, "models": [], "results": [],
+        "code_sandbox": describe_backend("rlimit"),
+    }  # fmt: skip
+    assert f"Code verified in the {DEGRADED}." in markdown(report)
 
 
 def test_probes_do_detect_leaks_without_a_sandbox(outside):
     """Control: the harmless probes really leak when run as a plain child, so their silence above counts."""
     programs = hostile_programs(outside)
-    for name, marker in (("read_outside", "LEAK"), ("read_parent", "LEAK"), ("network", "CONNECTED")):
+    probes = (("read_outside", "LEAK"), ("read_parent", "LEAK"), ("network", "CONNECTED"), ("read_host_file", "LEAK"))
+    for name, marker in probes:
         out = subprocess.run(
             ["python3", "-c", programs[name]], capture_output=True, text=True, timeout=30
         ).stdout
         assert marker in out, name
-    connection, _ = outside["server"].accept()
-    connection.close()
+    assert outside["marker"] in out  # the host file's secret, as read by a plain child
+    for _ in range(2):  # the network probe's two connections
+        connection, _ = outside["server"].accept()
+        connection.close()

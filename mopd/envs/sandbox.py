@@ -3,8 +3,10 @@
 Each program runs as its own `python -I -S -B` process, inside bubblewrap when it works:
 new user/pid/net/ipc/uts namespaces, a read-only view of only what Python needs, a private
 size-capped tmpfs at /tmp, a clean environment, and death with its parent. Where bwrap is
-missing or unusable, a degraded rlimit sandbox runs instead (new session, private temp dir as
-cwd, clean environment, a separate uid when we are root) and a warning says what is lost.
+missing or unusable the sandbox refuses to start (`SandboxUnavailable`, with the install hint),
+unless the caller opted into the degraded rlimit sandbox (`allow_degraded=True`, the recipe's
+`sandbox: {allow_degraded: true}`): a new session, a private temp dir as cwd, a clean environment
+and a separate uid when we are root, but the host's network, file system and /proc.
 
 In both modes the program starts with `limits_prelude`, which lowers its own hard rlimits (CPU
 time, address space, processes, file size, open files, core dumps) before any untrusted code
@@ -86,11 +88,13 @@ def limits_prelude(limits: Limits) -> str:
 class Sandbox:
     """Runs programs isolated from the host and from each other; `run_many` uses a worker pool."""
 
-    def __init__(self, limits: Limits | None = None, workers: int = 4, backend: Backend = "auto"):
+    def __init__(
+        self, limits: Limits | None = None, workers: int = 4, backend: Backend = "auto", allow_degraded: bool = False
+    ):
         self.limits = limits or Limits()
         self.workers = workers
         self.python = sandbox_python()
-        self.backend = choose_backend(backend, self.python)
+        self.backend = choose_backend(backend, self.python, allow_degraded)
         block = SANDBOX_UID_BASE + (os.getpid() % 100_000) * UIDS_PER_PROCESS
         first = next(_sandbox_count) * workers
         self._slots: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -259,22 +263,46 @@ def executable_by_others(path: str) -> bool:
         directory = os.path.dirname(directory)
 
 
-def choose_backend(requested: Backend, python: str) -> Literal["bwrap", "rlimit"]:
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot isolate programs here, and the degraded sandbox was not opted into."""
+
+
+INSTALL_HINT = (
+    "install bubblewrap ('apt-get install bubblewrap' as root; `make run` and `make test` do it), or accept "
+    "the weaker rlimit sandbox with `sandbox: {allow_degraded: true}` in the recipe or --allow-degraded-sandbox"
+)
+DEGRADED = "DEGRADED rlimit sandbox (host network, file system and /proc shared)"
+
+
+def choose_backend(requested: Backend, python: str, allow_degraded: bool = False) -> Literal["bwrap", "rlimit"]:
+    """bwrap when it works; rlimit only when asked for by name or opted into; else SandboxUnavailable."""
     if requested == "rlimit":
         return "rlimit"
     problem = bwrap_problem(python)
     if problem is None:
         return "bwrap"
-    if requested == "bwrap":
-        raise RuntimeError(f"the bwrap sandbox was requested but does not work here: {problem}")
+    if requested == "bwrap" or not allow_degraded:
+        raise SandboxUnavailable(
+            f"the code sandbox needs bubblewrap, which does not work here: {problem}. To fix: {INSTALL_HINT}"
+        )
     log.warning(
-        "bubblewrap is unusable (%s): falling back to the DEGRADED rlimit sandbox. Programs still get "
+        "bubblewrap is unusable (%s): allow_degraded is set, so code runs in the %s. Programs still get "
         "rlimits, a new session, a private cwd, a clean environment and (as root) their own uid, but "
-        "NOT a network namespace, a read-only file system or a private /proc. Install bubblewrap "
-        "('apt-get install bubblewrap') for full isolation.",
+        "NOT a network namespace, a read-only file system or a private /proc.",
         problem,
+        DEGRADED,
     )
     return "rlimit"
+
+
+def resolve_backend(backend: Backend = "auto", allow_degraded: bool = False) -> Literal["bwrap", "rlimit"]:
+    """The backend a `Sandbox(backend=..., allow_degraded=...)` would get here, checked before any work."""
+    return choose_backend(backend, sandbox_python(), allow_degraded)
+
+
+def describe_backend(backend: str) -> str:
+    """How a report names the sandbox that judged code."""
+    return "bubblewrap sandbox" if backend == "bwrap" else DEGRADED
 
 
 @cache
