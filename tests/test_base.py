@@ -38,7 +38,7 @@ def test_base_is_an_hf_checkpoint_with_tokenizer_and_chat_template(built):
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert model.config.model_type == "k3_hybrid" and model.config.vocab_size == len(tokenizer) == 300
-    task = get_env("general").sample(1, seed=3, split="eval", effort="max")[0]
+    task = get_env("general").sample(1, seed=3, split="dev", effort="max")[0]
     rendered = tokenizer.apply_chat_template(
         messages_for(task.prompt), effort="max", add_generation_prompt=True, tokenize=False
     )

@@ -5,18 +5,20 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import sqlite3
 import time
 from dataclasses import replace
 
 import pytest
 
-from mopd.envs.agent import FAMILIES, AgentEnv, content_hash, parse_rows, split_of
-from mopd.envs.agent_db import FIRST_NAMES, _build, build_database
+from mopd.envs.agent import FAMILIES, AgentEnv, database_key, parse_rows, task_identity
+from mopd.envs.agent_db import FIRST_NAMES, TABLES, _build, build_database, open_plain
 from mopd.envs.base import Task, split_thinking
 from mopd.envs.bench_agent import main
 from mopd.envs.chat import render_turns
 from mopd.envs.data import dataset_to_tasks, tasks_to_dataset, verify_task
+from mopd.envs.splits import SPLITS, content_hash, split_of
 
 
 @pytest.fixture(scope="module")
@@ -195,13 +197,33 @@ def test_same_actions_give_the_same_end_state(env):
     assert env.sample(5, seed=9) == env.sample(5, seed=9)
 
 
-def test_train_and_eval_never_share_content(env):
-    train, evaluation = env.sample(300, seed=0, split="train"), env.sample(300, seed=0, split="eval")
-    for split, tasks in (("train", train), ("eval", evaluation)):
-        assert {split_of(content_hash(task.meta["db"])) for task in tasks} == {split}
-    contents = [{content_hash({k: t.meta[k] for k in ("family", "goal", "db")}) for t in tasks}
-                for tasks in (train, evaluation)]
-    assert len(contents[0]) == len(contents[1]) == 300 and not contents[0] & contents[1]
+def test_train_dev_and_test_never_share_a_database(env):
+    drawn = {split: env.sample(n, seed=0, split=split) for split, n in (("train", 120), ("dev", 40), ("test", 40))}
+    for split in SPLITS:
+        assert {split_of(task.meta["content_hash"]) for task in drawn[split]} == {split}
+        assert all(task.meta["content_hash"] == database_key(task.meta["db"]) for task in drawn[split])
+    keys = [{t.meta["content_hash"] for t in drawn[split]} for split in SPLITS]
+    assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
+    identities = {task_identity({k: t.meta[k] for k in ("family", "goal", "db")}) for ts in drawn.values() for t in ts}
+    assert len(identities) == 200
+
+
+def test_the_key_is_the_databases_rows_and_every_question_on_it_shares_it(env):
+    """The key hashes what the tables hold (read back from the built database here), so two
+    questions on one database, or a train question re-asked in a test list, carry one key."""
+    task = env.sample(1, seed=3, split="train")[0]
+    conn = open_plain(build_database(task.meta["db"]))
+    rows = {table: [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")] for table in TABLES}
+    assert task.meta["content_hash"] == content_hash(json.dumps(rows))
+    other_family = next(name for name in FAMILIES if name != task.meta["family"])
+    goal = next(filter(None, (FAMILIES[other_family].make(random.Random(seed), conn, 1) for seed in range(100))))
+    content = {"family": other_family, "goal": goal, "db": task.meta["db"]}
+    planted = env._task(content, task_identity(content), "test", "high")
+    assert planted.prompt != task.prompt and planted.meta["content_hash"] == task.meta["content_hash"]
+    test = [*env.sample(20, seed=3, split="test"), planted]
+    assert [t for t in test if t.meta["content_hash"] == task.meta["content_hash"]] == [planted]
+    other_db = {**task.meta["db"], "seed": task.meta["db"]["seed"] + 1}
+    assert database_key(other_db) != task.meta["content_hash"]
 
 
 def test_tasks_round_trip_through_a_dataset_and_stay_verifiable(env):
@@ -228,8 +250,8 @@ def test_bad_options_name_the_problem():
         AgentEnv(families=["sql_injection"])
     with pytest.raises(ValueError, match="n_products"):
         AgentEnv(n_products=10_000)
-    with pytest.raises(ValueError, match="split"):
-        AgentEnv().sample(1, seed=0, split="test")
+    with pytest.raises(ValueError, match="split='eval'"):
+        AgentEnv().sample(1, seed=0, split="eval")
     task = AgentEnv().sample(1, seed=0)[0]
     with pytest.raises(ValueError, match=r"meta lacks \['goal'\]"):
         AgentEnv().verify(replace(task, meta={k: v for k, v in task.meta.items() if k != "goal"}), "<think></think>1")

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from mopd.envs.base import Task
-from mopd.envs.code import FAMILIES, CodeEnv, content_hash, function_from_meta, split_of
+from mopd.envs.code import FAMILIES, CodeEnv, function_from_meta
 from mopd.envs.data import dataset_to_tasks, tasks_to_dataset
+from mopd.envs.splits import SPLITS, content_hash, split_of
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +41,16 @@ def test_sampling_is_deterministic_and_covers_every_family(env):
         assert json.loads(json.dumps(task.meta)) == task.meta
 
 
-def test_train_and_eval_never_share_a_function(env):
-    train = [t for seed in range(3) for t in env.sample(300, seed=seed, split="train")]
-    evals = [t for seed in range(3) for t in env.sample(300, seed=seed, split="eval")]
-    train_hashes = {t.meta["content_hash"] for t in train}
-    eval_hashes = {t.meta["content_hash"] for t in evals}
-    assert train_hashes.isdisjoint(eval_hashes)
-    assert len(eval_hashes) > 100  # eval is not a handful of repeats
-    for task, split in [*((t, "train") for t in train), *((t, "eval") for t in evals)]:
-        source = function_from_meta(task.meta).source
-        assert content_hash(source) == task.meta["content_hash"] and split_of(source) == split
+def test_train_dev_and_test_never_share_a_function(env):
+    drawn = {split: env.sample(n, seed=0, split=split) for split, n in (("train", 600), ("dev", 200), ("test", 200))}
+    keys = {split: {t.meta["content_hash"] for t in tasks} for split, tasks in drawn.items()}
+    assert keys["train"].isdisjoint(keys["dev"]) and keys["train"].isdisjoint(keys["test"])
+    assert keys["dev"].isdisjoint(keys["test"])
+    assert len(keys["test"]) > 50  # test is not a handful of repeats
+    for split in SPLITS:
+        for task in drawn[split]:
+            key = content_hash(function_from_meta(task.meta).source)
+            assert key == task.meta["content_hash"] and split_of(key) == split
 
 
 def test_difficulty_knob_sets_the_number_of_steps():
@@ -109,8 +110,8 @@ def test_bad_options_and_tasks_are_named():
         CodeEnv(families=["sorting"])
     with pytest.raises(ValueError, match="difficulty"):
         CodeEnv(difficulty=(2, 1))
-    with pytest.raises(ValueError, match="split"):
-        CodeEnv().sample(1, seed=0, split="test")
+    with pytest.raises(ValueError, match="split='eval'"):
+        CodeEnv().sample(1, seed=0, split="eval")
     with pytest.raises(ValueError, match=r"meta.entry and a non-empty meta.tests"):
         CodeEnv().verify(Task("t1", "code", "high", "p", {"entry": "f"}), completion("def f(): pass"))
     with pytest.raises(ValueError, match="only generated tasks"):
@@ -136,13 +137,21 @@ def test_results_travel_exactly_and_only_plain_values_count(env):
     assert [v.reward for v in verdicts] == [0.0] * len(impostors)
 
 
-def test_iid_eval_draws_may_reuse_training_functions():
-    options = {"families": ["string_ops"], "difficulty": (1, 1), "n_examples": 1}
-    train = {t.meta["content_hash"] for t in CodeEnv(**options).sample(200, 0, "train")}
-    disjoint = {t.meta["content_hash"] for t in CodeEnv(**options).sample(40, 0, "eval")}
-    iid = {t.meta["content_hash"] for t in CodeEnv(**options, disjoint_eval=False).sample(40, 0, "eval")}
-    assert not disjoint & train
-    assert len(iid & train) > len(iid) // 2
+def test_the_function_is_the_key_whatever_examples_and_tests_it_comes_with():
+    """At difficulty 1 a function comes back under other examples and tests: the prompts differ,
+    the key does not, so a train function planted in a test list is caught by its key."""
+    env = CodeEnv(families=["string_ops"], difficulty=(1, 1), n_examples=1)
+    train = env.sample(200, 0, "train")
+    by_key = {}
+    for task in train:
+        by_key.setdefault(task.meta["content_hash"], set()).add(task.prompt)
+    assert any(len(prompts) > 1 for prompts in by_key.values())
+    planted = next(t for t in env.sample(200, 1, "train") if t.prompt not in {p for ps in by_key.values() for p in ps}
+                   and t.meta["content_hash"] in by_key)
+    test = [*env.sample(20, 0, "test"), planted]
+    assert [t for t in test if t.meta["content_hash"] in by_key] == [planted]
+    with pytest.raises(ValueError, match="list_reduce: difficulty \\(1, 1\\) leaves too few distinct dev functions"):
+        CodeEnv(families=["list_reduce"], difficulty=(1, 1)).sample(1, 0, "dev")  # 13 functions, none in dev
 
 
 def test_arith_works_out_its_step_on_paper_above_low_effort(env):

@@ -16,6 +16,7 @@ from mopd.envs.data import (
     tasks_to_dataset,
     verify_task,
 )
+from mopd.envs.splits import content_hash
 
 ROWS = [
     {"prompt": "What is 6 times 7?", "answer": "42"},
@@ -50,7 +51,8 @@ def test_a_users_jsonl_file_with_a_verifier_name_gives_verifiable_tasks(tmp_path
     tasks = load_task_file(write_jsonl(tmp_path / "quiz.jsonl", ROWS), verifier="general/exact")
     assert [t.id for t in tasks] == ["quiz-1", "capital", "quiz-3"]
     assert [t.effort for t in tasks] == ["high", "low", "high"]
-    assert tasks[1].meta == {"answer": "Paris", "source": "quiz", "verifier": "general/exact"}
+    key = content_hash("Capital of France?", "Paris")
+    assert tasks[1].meta == {"answer": "Paris", "source": "quiz", "verifier": "general/exact", "content_hash": key}
     assert tasks[2].meta["level"] == 2 and tasks[0].domain == "general"
     assert verify_task(tasks[0], "<think>6*7</think>42").reward == 1.0
     assert verify_task(tasks[2], "<think></think>1234").reward == 1.0
@@ -59,6 +61,17 @@ def test_a_users_jsonl_file_with_a_verifier_name_gives_verifiable_tasks(tmp_path
     assert verify_task(tasks[1], "Paris").reward == 0.0
     again = dataset_to_tasks(tasks_to_dataset(tasks))
     assert verify_task(again[0], "<think></think>42").reward == 1.0
+
+
+def test_a_users_task_is_keyed_by_prompt_and_answer_like_a_generated_question(domain_tasks, tmp_path):
+    """A generated train question pasted into a user's file (its answer written with a separator)
+    gets the generated task's key, so a training record catches it; a given key is kept."""
+    generated = domain_tasks["general"][0]
+    answer = f"{int(generated.meta['answer']):,}"
+    rows = [{"prompt": f"  {generated.prompt} ", "answer": answer},
+            {"prompt": "Capital of France?", "answer": "Paris", "content_hash": generated.meta["content_hash"]}]
+    tasks = load_task_file(write_jsonl(tmp_path / "copy.jsonl", rows), verifier="general/exact")
+    assert [t.meta["content_hash"] for t in tasks] == [generated.meta["content_hash"]] * 2
 
 
 def test_the_general_verifier_checks_plain_answers_too(tmp_path):
@@ -89,6 +102,7 @@ def test_a_parquet_task_file_loads_like_jsonl(tmp_path):
         ('["a", "b"]\n', r"bad\.jsonl line 1: expected a JSON object, got list"),
         ('{"prompt": "a", "answer": "1", "effort": "medium"}\n', r"line 1: field 'effort' is 'medium'"),
         ('{"prompt": "a", "answer": "1", "meta": "{oops"}\n', r"line 1: field 'meta' is not valid JSON"),
+        ('{"prompt": "a", "answer": "1", "content_hash": "abc"}\n', r"line 1: field 'content_hash' is 'abc', not 16"),
     ],
 )
 def test_bad_task_files_name_the_file_line_and_field(tmp_path, content, message):
@@ -127,3 +141,4 @@ def test_verifiers_are_found_by_name_and_new_ones_can_be_registered(domain_tasks
     )
     assert verify_task(tasks[0], "<think></think>hi").reward == 1.0
     assert verify_task(tasks[0], "<think></think>hello there").reward == 0.0
+    assert tasks[0].meta["content_hash"] == content_hash("Say hi.", "")  # no answer: the prompt alone decides

@@ -14,8 +14,9 @@ from mopd.envs.general import (
     chain_trace,
     max_digits,
     normalize_answer,
-    split_of,
+    task_key,
 )
+from mopd.envs.splits import SPLITS, content_hash, split_of
 
 RG_EXTRA = ("rg/spell_backward", "rg/leg_counting", "rg/number_sorting")
 ALL_FAMILIES = (*DEFAULT_FAMILIES, *RG_EXTRA)
@@ -94,19 +95,41 @@ def test_answers_are_normalised_before_comparison():
     assert normalize_answer(" Paris  France. ") == "Paris France"
 
 
-def test_train_and_eval_never_share_a_question(env):
-    train = {content(t) for seed in (0, 1) for t in env.sample(800, seed=seed, split="train")}
-    evaluation = {content(t) for t in env.sample(400, seed=0, split="eval")}
-    assert train and evaluation and not train & evaluation
-    assert all(split_of(*c) == "eval" for c in evaluation)
+def test_train_dev_and_test_never_share_a_question(env):
+    drawn = {split: {content(t) for t in env.sample(n, seed=0, split=split)}
+             for split, n in (("train", 800), ("dev", 300), ("test", 300))}
+    questions = {split: {(prompt, answer) for _, prompt, answer in contents} for split, contents in drawn.items()}
+    assert all(questions.values())
+    assert not questions["train"] & questions["dev"] and not questions["train"] & questions["test"]
+    assert not questions["dev"] & questions["test"]
+    assert all(split_of(task_key(prompt, answer)) == split for split in SPLITS for prompt, answer in questions[split])
 
 
 def test_splits_stay_disjoint_when_the_question_space_is_tiny():
     env = GeneralEnv(families=["add"], add_digits=(1, 1))  # only 100 distinct questions exist
-    train = {content(t) for t in env.sample(600, seed=0, split="train")}
-    evaluation = {content(t) for t in env.sample(200, seed=0, split="eval")}
-    assert len(evaluation) >= 2 and not train & evaluation
-    assert len(train | evaluation) <= 100
+    drawn = {split: {content(t) for t in env.sample(n, seed=0, split=split)}
+             for split, n in (("train", 600), ("dev", 100), ("test", 100))}
+    assert all(len(contents) >= 2 for contents in drawn.values())
+    assert not drawn["train"] & drawn["dev"] and not drawn["train"] & drawn["test"] and not drawn["dev"] & drawn["test"]
+    assert len(drawn["train"] | drawn["dev"] | drawn["test"]) <= 100
+
+
+def test_one_question_has_one_key_and_one_split_whichever_family_draws_it():
+    """"Compute 3 + 5." is the same task from `add` and from a two-term `chain`: the key hashes the
+    question and the answer, never the family, so the two cannot land in different splits."""
+    adds = GeneralEnv(families=["add"], add_digits=(1, 1))
+    chains = GeneralEnv(families=["chain"], chain_terms=(2, 2), chain_digits=(1, 1))
+    for split in SPLITS:
+        by_add = {t.prompt: t.meta["content_hash"] for t in adds.sample(200, seed=1, split=split)}
+        shared = [t for t in chains.sample(200, seed=2, split=split) if t.prompt in by_add]
+        assert shared, split
+        assert all(t.meta["content_hash"] == by_add[t.prompt] for t in shared)
+    planted = adds.sample(1, seed=3, split="train")[0]  # a train sum, drawn again by chain into a test list
+    relabelled = next(t for seed in range(50) for t in chains.sample(100, seed=seed, split="train")
+                      if t.prompt == planted.prompt)
+    assert relabelled.meta["content_hash"] == planted.meta["content_hash"] and split_of(planted.meta["content_hash"]) == "train"
+    assert task_key("Compute 3 + 5.", "8") == task_key(" compute 3+5 ", "+8") == content_hash("Compute 3 + 5.", "8")
+    assert task_key("Compute 3 + 5.", "8") != task_key("Compute 3 + 5.", "9")
 
 
 def test_sampling_is_deterministic_and_effort_changes_only_the_effort(env):
@@ -181,17 +204,8 @@ def test_bad_options_are_named():
         GeneralEnv(add_digits=(5, 2))
     with pytest.raises(ValueError, match="no_such_family"):
         GeneralEnv(families=["rg/no_such_family"])
-    with pytest.raises(ValueError, match="split"):
-        GeneralEnv().sample(1, seed=0, split="test")
-
-
-def test_iid_eval_draws_may_repeat_training_questions_of_a_small_space():
-    options = {"families": ["add"], "add_digits": (1, 1)}
-    train = {t.prompt for t in GeneralEnv(**options).sample(300, 0, "train")}
-    disjoint = {t.prompt for t in GeneralEnv(**options).sample(100, 0, "eval")}
-    iid = [t.prompt for t in GeneralEnv(**options, disjoint_eval=False).sample(100, 0, "eval")]
-    assert not disjoint & train
-    assert set(iid) & train and len(set(iid)) > len(disjoint & set(iid))
+    with pytest.raises(ValueError, match="split='eval'"):
+        GeneralEnv().sample(1, seed=0, split="eval")
 
 
 def test_effort_knobs_move_chains_to_high_and_two_digit_sums_to_max():

@@ -1,12 +1,16 @@
-"""The chat template (text, Jinja twin, loss masks) and the effort protocol (budgets, shaping)."""
+"""The chat template (text, Jinja twin, loss masks), the effort protocol (budgets, shaping) and the
+splits every env keeps: train, dev and test share no content under the recipes' own env options."""
 
 import dataclasses
+import itertools
 import re
 
 import pytest
 from jinja2 import TemplateError
 
-from mopd.envs.base import EFFORTS, Verdict, split_thinking
+from mopd.envs import get_env
+from mopd.envs.agent import database_key
+from mopd.envs.base import DOMAINS, EFFORTS, Verdict, split_thinking
 from mopd.envs.chat import (
     CHAT_TEMPLATE,
     END,
@@ -18,9 +22,12 @@ from mopd.envs.chat import (
     strip_turn_end,
     tokenize_segments,
 )
+from mopd.envs.code import function_from_meta
 from mopd.envs.effort import EffortSpec, default_effort_specs, effort_spec, shape_reward, thinking_tokens
-from mopd.envs.general import OWN_FAMILIES, GeneralEnv, add_trace
+from mopd.envs.general import OWN_FAMILIES, GeneralEnv, add_trace, task_key
+from mopd.envs.splits import SPLITS, content_hash, normalize, split_of
 from mopd.envs.tokenizer import build_tokenizer, task_corpus
+from mopd.recipe import ROOT, RecipeError, load_recipe
 
 AGENT_TURNS = [
     {"role": "assistant", "content": "<think>look up Y</think><tool_call>SELECT 1</tool_call>"},
@@ -96,9 +103,13 @@ def test_transcript_masks_train_only_on_assistant_tokens(tokenizer):
 
 
 def test_template_rejects_bad_turns_and_efforts(tokenizer):
-    for bad in ({}, {"effort": "medium"}):
-        with pytest.raises(TemplateError, match=re.escape("pass effort=low|high|max")):
-            tokenizer.apply_chat_template(messages_for("x"), tokenize=False, **bad)
+    for bad, reason in (({}, "effort is missing"), ({"effort": "medium"}, 'effort "medium" is not one of')):
+        with pytest.raises(TemplateError, match=re.escape(reason) + ".*" + re.escape("pass effort=low|high|max")):
+            tokenizer.apply_chat_template(messages_for("x"), tokenize=False, add_generation_prompt=True, **bad)
+    with pytest.raises(TemplateError, match="effort is missing"):
+        tokenizer.apply_chat_template(messages_for("x", [{"role": "assistant", "content": "y"}]), tokenize=False)
+    # no assistant header, no effort needed (vLLM's server warms its template up on such a message)
+    assert tokenizer.apply_chat_template(messages_for("x"), tokenize=False) == "<|bos|><|user|>x<|end|>"
     with pytest.raises(ValueError, match="effort 'medium'"):
         render_prompt("x", "medium")
     with pytest.raises(ValueError, match="turn 0: role"):
@@ -129,7 +140,7 @@ def test_thinking_tokens_count_the_think_block_only(tokenizer):
 
 def test_budgets_fit_hard_traces_at_high_and_max_but_never_at_low(tokenizer):
     specs, env = default_effort_specs(), hard_env()
-    tasks = env.sample(60, seed=0, split="eval")
+    tasks = env.sample(60, seed=0, split="dev")
     for effort in ("high", "max"):
         counts = [thinking_tokens(env.solve(dataclasses.replace(t, effort=effort)), tokenizer) for t in tasks]
         print(f"hard-instance {effort} traces: {min(counts)}..{max(counts)} thinking tokens")
@@ -151,3 +162,60 @@ def test_expert_is_right_and_within_budget_on_a_thousand_tasks_across_efforts(to
     rate = sum(right) / len(right)
     print(f"expert right and within budget on 1000 general tasks: {rate:.4f}")
     assert rate >= 0.99
+
+
+# ------------------------------------------------------------------------------------ splits
+DRAWS = {"general": {"train": 1500, "dev": 150, "test": 150}, "code": {"train": 300, "dev": 60, "test": 60},
+         "agent": {"train": 60, "dev": 20, "test": 20}}
+# Measured: at the tiny recipe's difficulty 1, list_reduce has 13 functions, 11 train, 2 test, none dev.
+EMPTY_SPLITS = {("tiny", "code", "dev"): "list_reduce"}
+
+
+@pytest.fixture(scope="module", params=["tiny", "smoke"])
+def recipe(request):
+    return load_recipe(ROOT / "recipes" / f"{request.param}.yaml")
+
+
+def recomputed_key(task) -> str:
+    """The key from what decides the task: question and answer, the function, the database."""
+    if task.domain == "general":
+        return task_key(task.prompt, task.meta["answer"])
+    if task.domain == "code":
+        return content_hash(function_from_meta(task.meta).source)
+    return database_key(task.meta["db"])
+
+
+def task_content(task) -> tuple[str, ...]:
+    """The task as the model sees it; an agent question is asked of its own database."""
+    prompt = normalize(task.prompt)
+    return (prompt, task.meta["content_hash"]) if task.domain == "agent" else (prompt,)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_the_recipes_train_dev_and_test_draws_share_no_content(recipe, domain):
+    env = get_env(domain, **recipe.env_options(domain))
+    drawn = {}
+    for split in SPLITS:
+        empty = EMPTY_SPLITS.get((recipe.name, domain, split))
+        if empty:
+            with pytest.raises(ValueError, match=f"code/{empty}: .* too few distinct {split} functions"):
+                env.sample(len(env.families), 1001, split)
+            env = get_env(domain, **{**recipe.env_options(domain), "families": [f for f in env.families if f != empty]})
+        drawn[split] = env.sample(DRAWS[domain][split], 1001, split)
+        assert all(recomputed_key(t) == t.meta["content_hash"] and split_of(t.meta["content_hash"]) == split
+                   for t in drawn[split])
+    keys = {split: {t.meta["content_hash"] for t in tasks} for split, tasks in drawn.items()}
+    contents = {split: {task_content(t) for t in tasks} for split, tasks in drawn.items()}
+    for one, other in itertools.combinations(SPLITS, 2):
+        assert not keys[one] & keys[other] and not contents[one] & contents[other], (one, other)
+    assert all(len(keys[split]) > 1 for split in SPLITS)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_no_env_takes_an_eval_split_or_the_disjoint_eval_switch(domain):
+    with pytest.raises(ValueError, match=r"split='eval': must be one of \['train', 'dev', 'test'\]"):
+        get_env(domain).sample(1, seed=0, split="eval")
+    with pytest.raises(ValueError, match=f"envs.{domain}.disjoint_eval: removed"):
+        get_env(domain, disjoint_eval=False)
+    with pytest.raises(RecipeError, match=f"smoke.yaml: field `envs`.*envs.{domain}.disjoint_eval: removed"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", [f"envs.{domain}.disjoint_eval=false"])

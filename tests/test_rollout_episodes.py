@@ -44,7 +44,7 @@ def expert_turns(env, task):
 @pytest.mark.parametrize("domain", ["general", "code", "agent"])
 def test_expert_rollouts_earn_full_reward_through_the_loop(domain, tiny_tokenizer):
     env = get_env(domain)
-    tasks = env.sample(3, seed=5, split="eval", effort="high")
+    tasks = env.sample(3, seed=5, split="dev", effort="high")
     scripts = {task.prompt: expert_turns(env, task) for task in tasks}
     engine = ScriptedEngine(tiny_tokenizer, scripts)
     groups = run_rollouts(engine, tiny_tokenizer, {domain: env}, tasks, default_effort_specs(), n=2)
@@ -75,7 +75,7 @@ def test_agent_observations_are_masked_and_carry_no_logprobs(tiny_tokenizer):
 
 def test_budgets_and_shaping_follow_the_effort_protocol(tiny_tokenizer):
     env = get_env("general")
-    task = env.sample(1, seed=0, split="eval", effort="low")[0]
+    task = env.sample(1, seed=0, split="dev", effort="low")[0]
     answer = task.meta["answer"]
     long_thought = "<think>" + " 1 + 1 = 2." * 40 + f"</think>{answer}"
     scripts = {task.prompt: [long_thought]}
@@ -102,7 +102,7 @@ def test_code_attempts_run_the_examples_between_turns(tiny_tokenizer):
     """Above low effort a failed attempt gets the examples' result as an observation, and the
     hidden tests judge the last attempt."""
     env = get_env("code", families=["arith"], n_examples=1)
-    task = env.sample(1, seed=2, split="eval", effort="high")[0]
+    task = env.sample(1, seed=2, split="dev", effort="high")[0]
     right = env.solve(task)
     wrong = right.replace("return y", "return y + 1")
     engine = ScriptedEngine(tiny_tokenizer, {task.prompt: [wrong, right]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from mopd.envs.base import DOMAINS
@@ -11,6 +12,10 @@ ENV_CLASSES = {
     "general": ("mopd.envs.general", "GeneralEnv"),
     "code": ("mopd.envs.code", "CodeEnv"),
     "agent": ("mopd.envs.agent", "AgentEnv"),
+}
+REMOVED_OPTIONS = {
+    "disjoint_eval": "removed: train, dev and test are always disjoint by content (mopd.envs.splits); "
+    "an in-distribution score is a bench suite with `split: train`",
 }
 
 
@@ -21,6 +26,17 @@ def env_class(domain: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def check_env_options(domain: str, options: dict[str, Any]) -> None:
+    """Raise a ValueError naming any option the domain's env does not take."""
+    known = set(inspect.signature(env_class(domain)).parameters)
+    for name in options:
+        if name in REMOVED_OPTIONS:
+            raise ValueError(f"envs.{domain}.{name}: {REMOVED_OPTIONS[name]}")
+        if name not in known:
+            raise ValueError(f"envs.{domain}.{name}: unknown option; {domain} takes {sorted(known)}")
+
+
 def get_env(domain: str, **options: Any) -> Any:
     """The environment of `domain`, built with its keyword options (families, difficulty knobs…)."""
+    check_env_options(domain, options)
     return env_class(domain)(**options)

@@ -24,8 +24,10 @@ Every episode runs on a private in-memory database (see `agent_db` for the guard
 independent episode, so every member of a GRPO group starts from the same state (`group`).
 The same actions always lead to the same end state, byte for byte.
 
-Train and eval never overlap: a task's split is a function of the hash of its database spec, so
-no database, and so no task content, can be drawn into both splits, whatever the seeds.
+Train, dev and test never share a database (`mopd.envs.splits`): a task's key is the hash of its
+database's rows (`database_key`), and the key puts it, with every question asked of that database,
+in exactly one split, whatever the seeds. The key is `task.meta["content_hash"]`. (The same question
+text may come back in another split, asked of another database: its answer differs.)
 """
 
 from __future__ import annotations
@@ -48,14 +50,15 @@ from mopd.envs.agent_db import (
     WAREHOUSES,
     StatementBudget,
     build_database,
+    database_rows,
     db_spec,
     open_guarded,
     open_plain,
 )
 from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking
 from mopd.envs.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, strip_turn_end
+from mopd.envs.splits import check_split, content_hash, split_of
 
-EVAL_FRACTION = 5  # one database hash in 5 belongs to the eval split
 SNAPSHOT_MAGIC = b"MOPD-AGENT-1\n"
 
 SYSTEM_PROMPT = """\
@@ -118,21 +121,20 @@ class AgentEnv:
     # ---- tasks ---------------------------------------------------------------------------------
 
     def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split={split!r}: must be 'train' or 'eval'")
+        check_split(split)
         if effort not in EFFORTS:
             raise ValueError(f"effort={effort!r}: must be one of {EFFORTS}")
         tasks, seen = [], set()
         for index in range(n):
             for attempt in range(1000):
                 content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"), split)
-                key = content and content_hash(content)
-                if key and key not in seen:
+                identity = content and task_identity(content)
+                if identity and identity not in seen:
                     break
             else:
                 raise RuntimeError(f"could not generate agent task {index} for seed {seed}; loosen the knobs")
-            seen.add(key)
-            tasks.append(self._task(content, key, split, effort))
+            seen.add(identity)
+            tasks.append(self._task(content, identity, split, effort))
         return tasks
 
     def _generate(self, rng: random.Random, split: str) -> dict[str, Any] | None:
@@ -147,14 +149,14 @@ class AgentEnv:
     def _database_of_split(self, rng: random.Random, split: str) -> dict[str, int]:
         while True:
             spec = db_spec(rng.randrange(2**31), **self.sizes)
-            if split_of(content_hash(spec)) == split:
+            if split_of(database_key(spec)) == split:
                 return spec
 
-    def _task(self, content: dict[str, Any], key: str, split: str, effort: str) -> Task:
+    def _task(self, content: dict[str, Any], identity: str, split: str, effort: str) -> Task:
         family = FAMILIES[content["family"]]
         system = self.system_prompt.format(schema=SCHEMA, max_rows=self.max_rows, max_turns=self.max_turns)
-        meta = {**content, "max_turns": self.max_turns, "system": system}
-        return Task(id=f"agent-{split}-{key[:16]}", domain=self.domain, effort=effort,
+        meta = {**content, "content_hash": database_key(content["db"]), "max_turns": self.max_turns, "system": system}
+        return Task(id=f"agent-{split}-{identity[:16]}", domain=self.domain, effort=effort,
                     prompt=family.prompt(content["goal"]), meta=meta)
 
     # ---- episodes ------------------------------------------------------------------------------
@@ -342,12 +344,14 @@ def parse_number(answer: str | None) -> int | None:
     return int(text) if re.fullmatch(r"-?\d+", text) else None
 
 
-def content_hash(content: dict[str, Any]) -> str:
+def database_key(spec: dict[str, int]) -> str:
+    """The split key of every task on this database: the hash of its rows, not of the spec that made them."""
+    return content_hash(json.dumps(database_rows(spec)))
+
+
+def task_identity(content: dict[str, Any]) -> str:
+    """One task's identity (question and database), for its id and to draw no task twice in a sample."""
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-
-
-def split_of(key: str) -> str:
-    return "eval" if int(key[:8], 16) % EVAL_FRACTION == 0 else "train"
 
 
 def diff_databases(actual: bytes, expected: bytes, last_ids: dict[str, int]) -> dict[str, Any]:

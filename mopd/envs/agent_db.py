@@ -69,31 +69,48 @@ def build_database(spec: dict[str, int]) -> bytes:
     return _build(spec["seed"], spec["n_products"], spec["n_customers"], spec["n_orders"])
 
 
+def database_rows(spec: dict[str, int]) -> dict[str, list[tuple]]:
+    """Every table's rows, in insertion order: exactly what `build_database` stores."""
+    rows = _rows(spec["seed"], spec["n_products"], spec["n_customers"], spec["n_orders"])
+    return {table: list(table_rows) for table, table_rows in rows.items()}
+
+
 @lru_cache(maxsize=64)
 def _build(seed: int, n_products: int, n_customers: int, n_orders: int) -> bytes:
-    rng = random.Random(seed)
     conn = sqlite3.connect(":memory:")
     conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO products VALUES (?, ?, ?, ?)", _products(rng, n_products))
-    conn.executemany("INSERT INTO customers VALUES (?, ?, ?)", _customers(rng, n_customers))
-    prices = dict(conn.execute("SELECT id, price FROM products"))
-    conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)", _orders(rng, n_orders, n_customers, prices))
-    conn.executemany("INSERT INTO inventory VALUES (?, ?, ?)", _inventory(rng, n_products))
+    for table, rows in _rows(seed, n_products, n_customers, n_orders).items():
+        if rows:
+            conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
     conn.commit()
     data = conn.serialize()
     conn.close()
     return data
 
 
+@lru_cache(maxsize=256)  # a task's split key and its database are built from the same rows
+def _rows(seed: int, n_products: int, n_customers: int, n_orders: int) -> dict[str, tuple[tuple, ...]]:
+    rng = random.Random(seed)
+    products = _products(rng, n_products)
+    customers = _customers(rng, n_customers)
+    prices = {row[0]: row[3] for row in products}
+    orders = _orders(rng, n_orders, n_customers, prices)
+    tables = {"products": products, "customers": customers, "orders": orders, "inventory": _inventory(rng, n_products)}
+    return {table: tuple(rows) for table, rows in tables.items()}
+
+
+CATALOGUE = tuple((f"{q} {item}", category) for category, items in ITEMS_BY_CATEGORY.items()
+                  for item in items for q in QUALIFIERS)
+CUSTOMER_NAMES = tuple(f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES)
+
+
 def _products(rng: random.Random, n: int) -> list[tuple]:
-    catalogue = [(f"{q} {item}", category) for category, items in ITEMS_BY_CATEGORY.items()
-                 for item in items for q in QUALIFIERS]
-    chosen = rng.sample(catalogue, n)
+    chosen = rng.sample(CATALOGUE, n)
     return [(i + 1, name, category, rng.randint(2, 500)) for i, (name, category) in enumerate(chosen)]
 
 
 def _customers(rng: random.Random, n: int) -> list[tuple]:
-    names = rng.sample([f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES], n)
+    names = rng.sample(CUSTOMER_NAMES, n)
     return [(i + 1, name, rng.choice(CITIES)) for i, name in enumerate(names)]
 
 

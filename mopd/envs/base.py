@@ -9,7 +9,7 @@ Domain = Literal["general", "agent", "code"]
 Effort = Literal["low", "high", "max"]
 DOMAINS: tuple[str, ...] = ("general", "agent", "code")
 EFFORTS: tuple[str, ...] = ("low", "high", "max")
-Split = Literal["train", "eval"]
+Split = Literal["train", "dev", "test"]  # see mopd.envs.splits
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

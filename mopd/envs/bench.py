@@ -44,7 +44,7 @@ def completion_thinking(solution, tokenizer) -> int | None:
 def thinking_stats(env, tokenizer, n: int, specs: dict) -> dict:
     stats = {}
     for effort in EFFORTS:
-        counts = [completion_thinking(env.solve(t), tokenizer) for t in env.sample(n, 1, "eval", effort)]
+        counts = [completion_thinking(env.solve(t), tokenizer) for t in env.sample(n, 1, "dev", effort)]
         stats[effort] = {
             "min": min(counts),
             "median": statistics.median(counts),
@@ -59,7 +59,7 @@ def thinking_stats(env, tokenizer, n: int, specs: dict) -> dict:
 
 def expert_success(tokenizer, specs: dict, n: int = 1000) -> dict:
     env = GeneralEnv()
-    tasks = [t for effort in EFFORTS for t in env.sample(n // len(EFFORTS) + 1, 2, "eval", effort)][:n]
+    tasks = [t for effort in EFFORTS for t in env.sample(n // len(EFFORTS) + 1, 2, "dev", effort)][:n]
     verdicts, shaped = [], []
     for task in tasks:
         completion = env.solve(task)
@@ -73,7 +73,7 @@ def expert_success(tokenizer, specs: dict, n: int = 1000) -> dict:
 
 def verify_throughput(families: list[str], n: int = 600, repeats: int = 3) -> float:
     env = GeneralEnv(families=families)
-    tasks = env.sample(n, 3, "eval", "high")
+    tasks = env.sample(n, 3, "dev", "high")
     completions = [env.solve(t) for t in tasks]
     rates = []
     for _ in range(repeats):

@@ -139,7 +139,7 @@ def bench_expert(env: AgentEnv, n_tasks: int) -> dict[str, Any]:
     per_effort = {effort: n_tasks // len(EFFORTS) + (i < n_tasks % len(EFFORTS)) for i, effort in enumerate(EFFORTS)}
     solved, total, turns, think_chars = Counter(), Counter(), Counter(), Counter()
     for seed, (effort, n) in enumerate(per_effort.items()):
-        for task in env.sample(n, seed=seed, split="eval", effort=effort):
+        for task in env.sample(n, seed=seed, split="dev", effort=effort):
             transcript = env.solve(task)
             reward = env.verify(task, transcript).reward
             for key in (effort, task.meta["family"]):

@@ -37,12 +37,12 @@ list_reduce; every step in words and code, the base with attempts 0.41 at max ag
 step whose constant must be worked out (arith) writes that sum first at high and max, as the
 general domain does; at low it is done in the head.
 
-Train and eval never overlap: a task's canonical content is its reference code (which fixes the
-function); its hash puts it in exactly one split (1 bucket of EVAL_BUCKETS is eval). Each split
-draws from an RNG derived from (split, seed, index) and keeps only functions of its own bucket.
-With `disjoint_eval=False` eval tasks are i.i.d. draws from another RNG stream: the same
-functions may come back with other examples and tests (a held-out test of the trained
-distribution, for models too small to write functions they have never seen).
+Train, dev and test never share a function (`mopd.envs.splits`): a task's key is the hash of its
+reference code, which fixes the function and so its examples and tests; the key puts it in exactly
+one split. Each split draws from an RNG derived from (split, seed, index) and keeps only functions of
+its own split. A small space splits coarsely: the tiny recipe's difficulty 1 has a few dozen
+functions per family, so a split may hold one or two of a family (or none: then sampling that split
+fails with an error naming the family). The key is `task.meta["content_hash"]`.
 
 Verification never trusts the program. The sandboxed child receives only the code, the entry
 name, the hidden INPUTS and a per-run nonce; it calls `f` on each input and writes one
@@ -54,7 +54,6 @@ objects with a lying `__eq__` therefore cannot make a pass; only the right value
 
 from __future__ import annotations
 
-import hashlib
 import json
 import marshal
 import random
@@ -66,9 +65,9 @@ from typing import Any
 from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
 from mopd.envs.sandbox import Limits, Program, RunResult, Sandbox
+from mopd.envs.splits import check_split, content_hash, split_of
 
 FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly", "arith")
-EVAL_BUCKETS = 8
 MAX_DRAWS = 1000
 ALPHABET = "abcdeo"  # few letters, so replace/count steps usually hit something
 ATTEMPTS = {"low": 1, "high": 2, "max": 3}
@@ -130,7 +129,7 @@ class CodeEnv:
         workers: int = 4,
         limits: Limits | None = None,
         backend: str = "auto",
-        disjoint_eval: bool = True,
+        allow_degraded: bool = False,
         attempts: dict[str, int] | None = None,
         retry_demos: float = 0.0,
     ):
@@ -147,14 +146,15 @@ class CodeEnv:
             )
         self.difficulty = (low, high)
         self.max_len, self.n_tests, self.n_examples = max_len, n_tests, n_examples
-        self.disjoint_eval = disjoint_eval
         self.attempts = {**ATTEMPTS, **(attempts or {})}
         if set(self.attempts) != set(EFFORTS) or any(not isinstance(n, int) or n < 1 for n in self.attempts.values()):
             raise ValueError(f"code: attempts must give each of {list(EFFORTS)} a whole number >= 1, got {attempts}")
         if not 0.0 <= retry_demos <= 1.0:
             raise ValueError(f"code: retry_demos is a fraction in [0, 1], got {retry_demos}")
         self.retry_demos = retry_demos
-        self.sandbox_options = {"workers": workers, "limits": limits, "backend": backend}
+        self.sandbox_options = {
+            "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
+        }
         self._sandbox: Sandbox | None = None
 
     @property
@@ -165,8 +165,7 @@ class CodeEnv:
 
     # ------------------------------------------------------------------------------ sampling
     def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        check_split(split)
         if effort not in EFFORTS:
             raise ValueError(f"effort must be one of {list(EFFORTS)}, got {effort!r}")
         return [self._task(split, seed, index, effort) for index in range(n)]
@@ -197,9 +196,12 @@ class CodeEnv:
     def _draw_function(self, family: str, split: str, rng: random.Random) -> Function:
         for _ in range(MAX_DRAWS):
             function = FAMILY_BUILDERS[family](rng, rng.randint(*self.difficulty))
-            if not self.disjoint_eval or split_of(function.source) == split:
+            if split_of(content_hash(function.source)) == split:
                 return function
-        raise ValueError(f"code/{family}: difficulty {self.difficulty} leaves too few distinct functions")
+        raise ValueError(
+            f"code/{family}: difficulty {self.difficulty} leaves too few distinct {split} functions "
+            f"({MAX_DRAWS} draws found none)"
+        )
 
     # ------------------------------------------------------------------------------ episodes
     def reset(self, task: Task) -> Attempts:
@@ -487,14 +489,6 @@ def compile_reference(source: str):
     namespace: dict[str, Any] = {}
     exec(source, namespace)
     return namespace["f"]
-
-
-def content_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-def split_of(source: str) -> str:
-    return "eval" if int(content_hash(source)[:8], 16) % EVAL_BUCKETS == 0 else "train"
 
 
 def prompt_for(function: Function, examples: list[dict]) -> str:

@@ -8,6 +8,8 @@ A user swaps in their own tasks with a JSONL or parquet file of prompts plus a v
 Each row needs `prompt`; `id`, `effort` and `meta` (an object) are optional, and every other
 field (e.g. `answer`) goes into `task.meta`. The verifier's name is kept in
 `task.meta["verifier"]`, so tasks stay verifiable after a trip through a Dataset or JSONL.
+A row's split key (`mopd.envs.splits`) is its `meta.content_hash` when given, else the hash of its
+prompt and `meta.answer` (empty without one), as the general domain keys its own questions.
 Verifiers: "general" (the general domain's own check, by `meta.family`), "general/exact"
 (normalised exact match of `meta.answer`), "code" and "agent" (those domains' verifiers).
 """
@@ -26,6 +28,8 @@ import datasets
 from mopd.envs import get_env
 from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
+from mopd.envs.general import normalize_answer, task_key
+from mopd.envs.splits import KEY_CHARS, is_key
 
 VerifyFn = Callable[[Task, Any], Verdict]
 
@@ -61,8 +65,6 @@ class Verifier:
 
 def exact_answer(task: Task, completion: str) -> Verdict:
     """1 when the normalised text after `</think>` equals the normalised `meta.answer`."""
-    from mopd.envs.general import normalize_answer
-
     parts = split_thinking(completion)
     if parts is None:
         return Verdict(0.0, {"reason": "no closed think block"})
@@ -165,6 +167,10 @@ def _task_from_row(row: dict, where: str, path: Path, verifier: str, spec: Verif
     if not isinstance(meta, dict):
         raise fail("field 'meta' must be an object")
     meta = {**meta, **row, "verifier": verifier}
+    answer = meta.get("answer")
+    meta.setdefault("content_hash", task_key(prompt, "" if answer is None else answer))
+    if not is_key(meta["content_hash"]):
+        raise fail(f"field 'content_hash' is {meta['content_hash']!r}, not {KEY_CHARS} lower-case hex digits")
     missing = [field for field in spec.required if meta.get(field) is None]
     if missing:
         raise fail(f"missing field {missing[0]!r}, required by verifier {verifier!r}")

@@ -18,14 +18,11 @@ labels and running results added, `step 1: 4+7=11 so far 1`; the tiny student di
 Reasoning-gym families are named `rg/<name>` (e.g. `rg/gcd`) and are scored by reasoning-gym's
 own scorer; they have no trace, so the expert writes a short think block and the gold answer.
 
-Train and eval never overlap: a task's canonical content (family, question, answer) is hashed,
-and the hash puts it in exactly one split (one bucket in EVAL_BUCKETS is eval). Each split
-draws candidates from an RNG derived from (split, seed, index) and keeps only content of its
-own bucket, so no seed or sample size can make the two splits share a question.
-With `disjoint_eval=False` eval tasks are i.i.d. draws from another RNG stream instead: a
-small task space (a tiny recipe's 1-digit sums) then repeats questions seen in training, the
-held-out score measures the trained distribution, and low effort is not asked to recall facts
-it never saw.
+Train, dev and test never share a question (`mopd.envs.splits`): a task's key is the hash of its
+normalised question and answer, whichever family drew it ("Compute 3 + 5." is one task for `add`
+and `chain`), and the key puts it in exactly one split. Each split draws candidates from an RNG
+derived from (split, seed, index) and keeps only those of its own split, so no seed, family or
+sample size can put one question into two splits. The key is `task.meta["content_hash"]`.
 """
 
 from __future__ import annotations
@@ -41,11 +38,11 @@ from typing import Any
 
 from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
+from mopd.envs.splits import check_split, content_hash, split_of
 
 OWN_FAMILIES = ("add", "mul", "chain")
 RG_PREFIX = "rg/"
 DEFAULT_FAMILIES = (*OWN_FAMILIES, "rg/basic_arithmetic", "rg/gcd")
-EVAL_BUCKETS = 8
 MAX_DRAWS = 1000
 RG_CHUNK = 256
 
@@ -65,7 +62,6 @@ class GeneralEnv:
         low_chain_terms: int = 3,
         high_term_digits: int | None = None,
         rg_options: dict[str, dict[str, Any]] | None = None,
-        disjoint_eval: bool = True,
     ):
         self.families = tuple(families)
         unknown = [f for f in self.families if f not in OWN_FAMILIES and not f.startswith(RG_PREFIX)]
@@ -87,15 +83,13 @@ class GeneralEnv:
         self.high_chain_terms = high_chain_terms
         self.low_chain_terms, self.high_term_digits = low_chain_terms, high_term_digits
         self.rg_options = rg_options or {}
-        self.disjoint_eval = disjoint_eval
         for family in self.families:
             if family.startswith(RG_PREFIX):
                 _rg_dataset(family.removeprefix(RG_PREFIX), _config_key(self.rg_config(family)))
 
     # ------------------------------------------------------------------------------- sampling
     def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        check_split(split)
         if effort not in EFFORTS:
             raise ValueError(f"effort must be one of {list(EFFORTS)}, got {effort!r}")
         rg_streams = {
@@ -110,7 +104,7 @@ class GeneralEnv:
                 question, answer, extra = next(rg_streams[family])
             else:
                 question, answer, extra = self._draw_own(family, split, seed, index)
-            meta = {"family": family, "answer": answer, **extra}
+            meta = {"family": family, "answer": answer, "content_hash": task_key(question, answer), **extra}
             tasks.append(Task(f"general-{split}-{seed}-{index}", self.domain, effort, question, meta))
         return tasks
 
@@ -119,9 +113,12 @@ class GeneralEnv:
         for _ in range(MAX_DRAWS):
             terms, ops = OWN_GENERATORS[family](rng, self.knobs)
             question, answer = question_for(terms, ops), str(evaluate(terms, ops))
-            if not self.disjoint_eval or split_of(family, question, answer) == split:
+            if split_of(task_key(question, answer)) == split:
                 return question, answer, {"terms": terms, "ops": ops}
-        raise ValueError(f"general/{family}: difficulty knobs {self.knobs} leave too few distinct questions")
+        raise ValueError(
+            f"general/{family}: difficulty knobs {self.knobs} leave too few distinct {split} questions "
+            f"({MAX_DRAWS} draws found none)"
+        )
 
     def _rg_stream(self, family: str, split: str, seed: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """reasoning-gym items of this split, drawn from fixed-size chunks (some families build all
@@ -135,7 +132,7 @@ class GeneralEnv:
             found = 0
             for index in range(RG_CHUNK):
                 entry = json.loads(json.dumps(dataset[index], default=str))
-                if split_of(family, entry["question"], entry["answer"]) == split:
+                if split_of(task_key(entry["question"], entry["answer"])) == split:
                     found += 1
                     yield entry["question"], entry["answer"], {"rg_config": config, "rg_entry": entry}
             if not found:
@@ -224,9 +221,9 @@ def evaluate(terms: list[int], ops: list[str]) -> int:
     return total
 
 
-def split_of(family: str, question: str, answer: str) -> str:
-    digest = hashlib.sha256(f"{family}|{question}|{answer}".encode()).hexdigest()
-    return "eval" if int(digest[:8], 16) % EVAL_BUCKETS == 0 else "train"
+def task_key(question: str, answer: Any) -> str:
+    """The split key: the question and the answer (as the verifier reads it), not the family that drew them."""
+    return content_hash(question, normalize_answer(str(answer)))
 
 
 # -------------------------------------------------------------------------------------- traces

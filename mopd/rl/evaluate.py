@@ -1,4 +1,8 @@
-"""Held-out score of a checkpoint on one teacher cell: the numbers behind "the teacher beats the base"."""
+"""Dev-split score of a checkpoint on one teacher cell: the numbers behind "the teacher beats the base".
+
+It reads the dev split, never test: these numbers choose knobs (steps, learning rates), and a
+report quotes only what `mopd bench` scores on test.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ from mopd.rollout.episodes import run_rollouts
 
 
 def evaluate_cell(model_dir: Path, spec, recipe, env, effort, backend: str) -> dict[str, float]:
-    """Mean shaped reward, pass rate and token counts on the cell's eval split (sampled at the spec's temperature)."""
-    tasks = env.sample(spec.eval_tasks, recipe.seed, "eval", spec.effort)
+    """Mean shaped reward, pass rate and token counts on the cell's dev split (sampled at the spec's temperature)."""
+    tasks = env.sample(spec.eval_tasks, recipe.seed, "dev", spec.effort)
     engine = create_engine(model_dir, backend=backend)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     groups = run_rollouts(
