@@ -1,5 +1,6 @@
-"""`mopd bench`: suites (determinism, held-out seeds, clear errors), checkpoints checked before any
-sampling, same scores at temperature 0, a run's base/teachers/student, and the report on disk.
+"""`mopd bench`: suites (determinism, declared splits, clear errors), the training-data audit,
+checkpoints checked before any sampling, same scores at temperature 0, accuracy within budget, a
+run's base/teachers/student, and the report on disk.
 
 The models are a random tiny K3 hybrid (4 layers) with the tiny tokenizer, sampled by the HF
 backend under tiny budgets, so a whole benchmark takes seconds.
@@ -18,25 +19,35 @@ import pytest
 import torch
 import yaml
 
+from mopd.base.sft import mix_domains, sft_tasks
 from mopd.bench import plots
+from mopd.bench.audit import audit_jobs
 from mopd.bench.report import TABLES, difference_se, markdown
 from mopd.bench.run import (
     EngineCache,
     ModelRef,
     bench_command,
     bench_run_dir,
+    cell_metrics,
     run_bench,
     run_bench_stage,
     run_models,
     task_standard_error,
 )
-from mopd.bench.suite import BenchError, SuiteError, check_held_out, load_suite, make_env, select
+from mopd.bench.suite import BenchError, SuiteError, load_suite, make_env, select
+from mopd.distill.routing import build_route_table
+from mopd.distill.trainer import task_source
 from mopd.envs import get_env
+from mopd.envs.base import DOMAINS, Task, Verdict
+from mopd.envs.effort import EffortSpec
+from mopd.envs.splits import split_of, task_keys, write_trained_on
 from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.pipeline import StageContext
-from mopd.recipe import ROOT, Recipe, load_recipe
+from mopd.recipe import ROOT, Recipe, load_recipe, load_teacher_specs
+from mopd.rl.grpo import teacher_env, teacher_tasks
 from mopd.rollout import engine as engine_module
+from mopd.rollout.episodes import Rollout
 
 TINY_BUDGETS = {
     "low": {"budget_tokens": 4, "answer_tokens": 4},
@@ -45,6 +56,7 @@ TINY_BUDGETS = {
 }
 SUITE = {
     "name": "unit",
+    "split": "test",
     "seeds": [1001],
     "n": 2,
     "temperature": 0.0,
@@ -107,49 +119,34 @@ def no_sampling(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- suites
+@pytest.mark.parametrize(
+    ("suite_path", "split"),
+    [("eval/tiny.yaml", "test"), ("eval/tiny-dev.yaml", "dev"), ("eval/smoke.yaml", "test"), ("eval/smoke-dev.yaml", "dev")],
+)
+def test_suites_declare_their_split(suite_path, split):
+    suite = load_suite(suite_path)
+    assert suite.split == split and suite.domains and suite.efforts and suite.n > 0
+
+
 @pytest.mark.parametrize("recipe", ["recipes/tiny.yaml", "recipes/smoke.yaml"])
-def test_recipe_suites_load_and_hold_out_the_training_seed(recipe):
-    loaded = load_recipe(ROOT / recipe)
-    suite = load_suite(loaded.bench.suite)
-    check_held_out(suite, {loaded.seed})
-    assert suite.domains and suite.efforts and suite.n > 0
+def test_recipes_report_on_their_test_suite(recipe):
+    assert load_suite(load_recipe(ROOT / recipe).bench.suite).split == "test"
 
 
 def test_same_suite_and_seed_give_the_same_tasks_at_every_effort():
-    suite = load_suite("eval/tiny.yaml")
+    """With the tiny recipe's env options, as `mopd bench --run runs/tiny` builds its envs."""
+    suite, recipe = load_suite("eval/tiny.yaml"), load_recipe(ROOT / "recipes/tiny.yaml")
+    suite = suite.model_copy(update={"n": 16})  # the property, not the size, is under test
     for domain in suite.domains:
-        first, second = make_env(suite, domain), make_env(suite, domain)
+        first, second = (make_env(suite, domain, recipe.env_options(domain)) for _ in range(2))
         tasks = {effort: suite.tasks(first, effort) for effort in suite.efforts}
         again = {effort: suite.tasks(second, effort) for effort in suite.efforts}
         assert tasks == again
-        prompts = {effort: [t.prompt for t in cell] for effort, cell in tasks.items()}
-        assert all(p == prompts["low"] for p in prompts.values()), "every effort answers the same questions"
+        keys = {effort: task_keys(cell) for effort, cell in tasks.items()}
+        assert all(k == keys["low"] for k in keys.values()), "every effort answers the same questions"
+        assert {split_of(key) for key in keys["low"]} == {"test"}
         other_seed = suite.model_copy(update={"seeds": [s + 1 for s in suite.seeds]})
-        assert [t.prompt for t in other_seed.tasks(first, "low")] != prompts["low"]
-
-
-def test_a_suite_seed_that_is_a_training_seed_is_refused(tmp_path):
-    path = write_suite(tmp_path / "leaky.yaml", {**SUITE, "seeds": [5, 0]})
-    with pytest.raises(SuiteError, match=r"leaky.yaml: seeds \[0\] are also training seeds"):
-        check_held_out(load_suite(path), {Recipe(name="r").seed}, source=str(path))
-
-
-@pytest.mark.parametrize("suite_path", ["eval/tiny.yaml", "eval/smoke.yaml"])
-def test_suite_tasks_share_no_content_with_the_training_tasks(suite_path):
-    """The suite's eval tasks and the tasks training draws with the recipe's seed are disjoint."""
-    suite = load_suite(suite_path)
-    seed = Recipe(name="r").seed
-    for domain in suite.domains:
-        env = make_env(suite, domain)
-        train_env = get_env(domain)  # training draws from the domain's default families
-        held_out = {content(t) for t in suite.tasks(env, "high")}  # content does not depend on the effort
-        trained = {content(t) for t in train_env.sample(300, seed, "train", "high")}
-        assert held_out and not held_out & trained
-
-
-def content(task) -> str:
-    meta = {k: v for k, v in task.meta.items() if k not in ("id", "content_hash")}
-    return task.prompt + json.dumps(meta, sort_keys=True, default=str)
+        assert task_keys(other_seed.tasks(first, "low")) != keys["low"]
 
 
 @pytest.mark.parametrize(
@@ -163,6 +160,7 @@ def content(task) -> str:
         ),
         ({"efforts": ["medium"]}, r"bad.yaml: field `efforts`: .*medium"),
         ({"seeds": [3, 3]}, r"bad.yaml: field `seeds`: .*repeat"),
+        ({"split": "eval"}, r"bad.yaml: field `split`: .*'train', 'dev' or 'test'"),
         ({"n": 0}, r"bad.yaml: field `n`"),
         ({"typo": 1}, r"bad.yaml: unknown field `typo`"),
     ],
@@ -170,6 +168,12 @@ def content(task) -> str:
 def test_bad_suites_are_named_errors(tmp_path, change, message):
     path = write_suite(tmp_path / "bad.yaml", {**SUITE, **change})
     with pytest.raises(SuiteError, match=message):
+        load_suite(path)
+
+
+def test_a_suite_must_declare_its_split(tmp_path):
+    path = write_suite(tmp_path / "bad.yaml", {k: v for k, v in SUITE.items() if k != "split"})
+    with pytest.raises(SuiteError, match=r"bad.yaml: .*`split`"):
         load_suite(path)
 
 
@@ -244,8 +248,6 @@ def test_bad_suite_or_flags_fail_before_sampling(tmp_path, checkpoints, no_sampl
     good = write_suite(tmp_path / "good.yaml", SUITE)
     with pytest.raises(SuiteError, match="unknown domain 'chess'"):
         run_bench([checkpoints[0]], domains=["chess"], suite=good, backend="hf", recipe=tiny_recipe())
-    with pytest.raises(SuiteError, match="training seeds"):
-        run_bench([checkpoints[0]], suite=good, backend="hf", recipe=Recipe(name="r", seed=1001))
     with pytest.raises(BenchError, match="two models are named"):
         run_bench(
             [f"x={checkpoints[0]}", f"x={checkpoints[1]}"], suite=good, backend="hf", recipe=tiny_recipe()
@@ -388,6 +390,7 @@ def command_out(tmp_path_factory, checkpoints):
     args = argparse.Namespace(
         models=[f"base={checkpoints[0]}", f"trained={checkpoints[1]}"], run=None, suite=str(suite),
         efforts="low,high", domains="general", n=1, samples=None, out=str(out), backend="hf", workers=None,
+        allow_degraded_sandbox=False, allow_overlap=False,
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("mopd.bench.run.recipe_of", lambda refs: tiny_recipe())
@@ -404,6 +407,10 @@ def test_the_command_writes_report_markdown_and_plots(command_out):
     assert {"cpu_count", "torch", "platform"} <= set(report["machine"])
     text = (command_out / "report.md").read_text()
     assert "| cell | base | trained |" in text and "| general/low |" in text
+    # checkpoints from outside a run: no lineage to audit, and the report says so
+    assert all("not inside a run directory" in r["audit"]["unavailable"] for r in report["results"])
+    assert "| general/low | audit unavailable | audit unavailable |" in text
+    assert "- base: audit unavailable: " in text
     for png in ("accuracy_vs_effort.png", "accuracy_vs_tokens.png", "ratio_heatmap.png"):
         assert (command_out / png).read_bytes().startswith(b"\x89PNG"), png
         assert f"]({png})" in text
@@ -553,3 +560,179 @@ def test_report_scores_teachers_against_the_base_and_each_model_across_efforts()
         ["teachers", "code", "0.52", "0.80", "0.55", "no"],
     ]
     assert "## pass@k" not in text  # one sample per task: pass@1 is the accuracy table
+
+
+# ----------------------------------------------------------------------------- the training-data audit
+def stage_keys(recipe: Recipe) -> dict[str, list[str]]:
+    """The content keys each training stage of `recipe` trains on, drawn by the stages' own functions."""
+    sft = recipe.base.sft
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
+    keys = {"base": task_keys(sft_tasks(envs, sft.examples, sft.mix, recipe.seed))}
+    for cell, spec in load_teacher_specs(recipe).items():
+        envs[cell] = teacher_env(spec, recipe)
+        keys[f"teachers/{cell}"] = task_keys(teacher_tasks(envs[cell], spec, recipe))
+    spec = recipe.distill
+    table = build_route_table(spec.mix, {cell: cell for cell in spec.mix})  # drawing reads only the weights
+    source = task_source(table, spec, recipe.seed, {d: recipe.env_options(d) for d in DOMAINS}, None)
+    keys["distill"] = [key for step in range(1, spec.steps + 1) for key in task_keys(source(step))]
+    for env in envs.values():
+        close_env(env)
+    return keys
+
+
+def close_env(env) -> None:
+    if hasattr(env, "close"):
+        env.close()
+
+
+def records_run(root: Path, recipe: Recipe, keys: dict[str, list[str]]) -> Path:
+    """A run directory holding only the stages' training records (the audit reads no weights)."""
+    root.mkdir(parents=True)
+    (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
+    for stage, stage_keys_ in keys.items():
+        write_trained_on(root / stage, stage_keys_)
+    return root
+
+
+@pytest.mark.parametrize("recipe_path", ["recipes/smoke.yaml", "recipes/tiny.yaml"])
+def test_the_recipes_test_suites_audit_to_zero_overlap(tmp_path, recipe_path):
+    """Every stage of the recipe draws from train only: its bench suite (test) shares no content with
+    what the base, any teacher or the student trained on, cell by cell, model by model."""
+    recipe = load_recipe(ROOT / recipe_path)
+    keys = stage_keys(recipe)
+    assert all(keys.values()) and {split_of(k) for ks in keys.values() for k in ks} == {"train"}
+    run = records_run(tmp_path / "run", recipe, keys)
+    suite = load_suite(recipe.bench.suite)
+    envs = {domain: make_env(suite, domain, recipe.env_options(domain)) for domain in suite.domains}
+    cells = {f"{d}-{e}": suite.tasks(envs[d], e) for d in suite.domains for e in suite.efforts}
+    jobs = [("base", run / "base", cell, tasks) for cell, tasks in cells.items()]
+    jobs += [(cell, run / "teachers" / cell, cell, tasks) for cell, tasks in cells.items()]
+    jobs += [("student", run / "distill" / "model", cell, tasks) for cell, tasks in cells.items()]
+    audits = audit_jobs(jobs)
+    assert len(audits) == 3 * len(cells)
+    for (model, cell), audit in audits.items():
+        assert (audit["overlap"], audit["tasks"]) == (0, suite.n * len(suite.seeds)), (model, cell)
+    student = audits[("student", next(iter(cells)))]
+    assert set(student["stages"]) == {"base", f"teachers/{next(iter(cells))}", "distill"}
+    for env in envs.values():
+        close_env(env)
+
+
+def planted_run(root: Path, checkpoint: Path, recipe: Recipe, cell: str, planted: dict[str, list[str]]) -> Path:
+    """A finished run (base, the cell's teacher, student) whose stages recorded `planted` keys (else none)."""
+    for stage in ("base", f"teachers/{cell}", "distill/model"):
+        shutil.copytree(checkpoint, root / stage)
+    (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
+    for stage in ("base", f"teachers/{cell}", "distill"):
+        write_trained_on(root / stage, planted.get(stage, []))
+    return root
+
+
+def audit_suite(path: Path, domain: str, families: list[str] | None = None, split: str = "test") -> Path:
+    spec = {"families": families} if families else {}
+    return write_suite(path, {**SUITE, "split": split, "efforts": ["low"], "domains": {domain: spec}})
+
+
+def suite_keys(suite_file: Path, recipe: Recipe, domain: str) -> list[str]:
+    suite = load_suite(suite_file)
+    env = make_env(suite, domain, recipe.env_options(domain))
+    try:
+        return task_keys(suite.tasks(env, "low"))
+    finally:
+        close_env(env)
+
+
+def unit_tiny_recipe() -> Recipe:
+    """The tiny recipe's env options (what the audit must hold for), with budgets that sample fast
+    on one engine here (no Ray workers)."""
+    tiny = load_recipe(ROOT / "recipes/tiny.yaml")
+    return tiny.model_copy(update={"efforts": tiny_recipe().efforts, "bench": tiny.bench.model_copy(update={"workers": 1})})
+
+
+@pytest.mark.parametrize(("domain", "stage"), [("code", "teachers/code-low"), ("agent", "distill")])
+def test_a_planted_overlap_fails_before_sampling_naming_cell_model_and_stage(
+    tmp_path, checkpoints, no_sampling, domain, stage
+):
+    recipe = unit_tiny_recipe()
+    suite = audit_suite(tmp_path / "unit.yaml", domain)
+    first = suite_keys(suite, recipe, domain)[0]
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, f"{domain}-low", {stage: [first]})
+    with pytest.raises(BenchError) as err:
+        bench_run_dir(run, suite=str(suite), backend="hf", progress=False)
+    message = str(err.value)
+    assert "is a test suite, but some of its tasks were trained on" in message and "--allow-overlap" in message
+    assert f"model 'student' cell {domain}-low: 1/2 tasks trained on in {stage} (1)" in message
+    assert ("model 'base'" in message) is (stage == "base")
+    assert (f"model '{domain}-low'" in message) is stage.startswith("teachers/")
+
+
+def test_a_question_another_family_trained_on_is_caught_and_allow_overlap_labels_the_report(
+    tmp_path, checkpoints
+):
+    """General keys hash the question and answer, not the family: "Compute 9 + 7." drawn by `chain`
+    for training is the same task as `add`'s. With --allow-overlap the bench runs, labelled."""
+    recipe = unit_tiny_recipe()
+    suite = audit_suite(tmp_path / "unit.yaml", "general", families=["add"])
+    added = suite_keys(suite, recipe, "general")
+    chain = get_env("general", **{**recipe.env_options("general"), "families": ["chain"]})
+    chained = {task.meta["content_hash"]: task for task in chain.sample(300, 0, "test", "low")}
+    shared = [key for key in added if key in chained]
+    assert shared and {chained[key].meta["family"] for key in shared} == {"chain"}
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, "general-low", {"base": shared})
+    with pytest.raises(BenchError, match=rf"model 'base' cell general-low: {len(shared)}/2 tasks trained on in base"):
+        bench_run_dir(run, suite=str(suite), backend="hf", progress=False)
+
+    report = bench_run_dir(run, suite=str(suite), backend="hf", progress=False, allow_overlap=True)
+    assert report["label"] == "overlapping: some tasks were trained on"
+    assert {r["model"]: r["audit"]["overlap"] for r in report["results"]} == dict.fromkeys(
+        ("base", "general-low", "student"), len(shared)
+    )
+    text = (run / "bench" / "report.md").read_text()
+    titles = [line for line in text.splitlines() if line.startswith("#")]
+    assert all(title.endswith("— overlapping: some tasks were trained on") for title in titles), titles
+    assert f"| general/low | overlap {len(shared)}/2 | overlap {len(shared)}/2 | overlap {len(shared)}/2 |" in text
+
+
+def test_a_train_suite_is_an_in_distribution_evaluation_labelled_training_tasks(tmp_path, checkpoints):
+    recipe = unit_tiny_recipe()
+    suite = audit_suite(tmp_path / "unit.yaml", "general", split="train")
+    trained = suite_keys(suite, recipe, "general")
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, "general-low", {"base": trained})
+    report = bench_run_dir(run, suite=str(suite), efforts=["low"], n=1, backend="hf", progress=False)
+    assert report["label"] == "training tasks"
+    assert [(r["audit"]["overlap"], r["audit"]["tasks"]) for r in report["results"]] == [(1, 1)] * 3
+    titles = [line for line in markdown(report).splitlines() if line.startswith("#")]
+    assert titles[0].startswith("# Effort benchmark: suite `unit`, train split — training tasks")
+    assert all(title.endswith("— training tasks") for title in titles)
+
+
+def test_a_run_without_records_is_audit_unavailable_not_zero(tmp_path, checkpoints):
+    run = planted_run(tmp_path / "run", checkpoints[0], unit_tiny_recipe(), "general-low", {})
+    (run / "distill" / "trained_on.txt").unlink()  # a student distilled before records existed
+    jobs = [(name, path, "general-low", []) for name, path in
+            (("base", run / "base"), ("teacher", run / "teachers" / "general-low"), ("student", run / "distill" / "model"),
+             ("stray", run / "bench"), ("outside", checkpoints[0]))]  # fmt: skip
+    audits = audit_jobs(jobs)
+    assert audits[("base", "general-low")] == {"tasks": 0, "overlap": 0, "stages": {"base": 0}}
+    assert audits[("teacher", "general-low")]["stages"] == {"base": 0, "teachers/general-low": 0}
+    assert "distill wrote no training record" in audits[("student", "general-low")]["unavailable"]
+    assert "is not a base/, teachers/<cell>/ or distill/ checkpoint" in audits[("stray", "general-low")]["unavailable"]
+    assert "not inside a run directory" in audits[("outside", "general-low")]["unavailable"]
+
+
+# ----------------------------------------------------------------------------- accuracy within budget
+def test_accuracy_within_budget_counts_over_budget_answers_as_wrong():
+    """The verifier accepts both samples of the first task, but one thought past the budget."""
+    task = Task("t", "general", "low", "Compute 1 + 1.")
+
+    def sample(reward: float, thinking: int) -> Rollout:
+        budget = 4
+        return Rollout(task, [1], [2, 3], verdict=Verdict(reward), thinking_tokens=thinking,
+                       closed_think=True, over_budget=thinking > budget, loss_mask=[1, 1])  # fmt: skip
+
+    groups = [[sample(1.0, 3), sample(1.0, 9)], [sample(0.0, 2), sample(1.0, 7)]]
+    metrics = cell_metrics(groups, [0.1] * 4, 1.0, EffortSpec(budget_tokens=4))
+    assert metrics["raw_accuracy"] == 0.75 and metrics["accuracy"] == 0.25
+    assert metrics["over_budget_rate"] == 0.5
+    assert metrics["task_rewards"] == [0.5, 0.0]  # paired comparisons use the within-budget scores
+    assert (metrics["raw_pass_at_k"], metrics["pass_at_k"]) == (1.0, 0.5)

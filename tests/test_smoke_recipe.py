@@ -1,9 +1,21 @@
-"""`mopd run recipes/smoke.yaml`: every stage end to end, then a re-run that skips them all."""
+"""`mopd run recipes/smoke.yaml`: every stage end to end, then a re-run that skips them all; the
+training records the stages wrote, and the bench's audit that reads them."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from mopd.base.sft import mix_domains, sft_tasks
+from mopd.bench.audit import audit_jobs
+from mopd.bench.suite import close, load_suite, make_env
+from mopd.distill.routing import build_route_table
+from mopd.distill.trainer import task_source
+from mopd.envs import get_env
+from mopd.envs.base import DOMAINS
+from mopd.envs.splits import read_trained_on, task_keys, write_trained_on
+from mopd.recipe import CELLS, load_recipe, load_teacher_specs
+from mopd.rl.grpo import teacher_env, teacher_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["base", "teachers", "distill", "bench"]
@@ -29,3 +41,42 @@ def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
     again = run_smoke(tmp_path / "run")
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"{stage}: complete for these inputs" in again.stderr for stage in STAGES)
+    check_training_records_and_their_audit(tmp_path / "run", report)
+
+
+def check_training_records_and_their_audit(run: Path, report: dict) -> None:
+    """Each stage recorded the content keys of what it trained on, and the bench audited against them."""
+    recipe = load_recipe(ROOT / "recipes/smoke.yaml")
+    sft = recipe.base.sft
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
+    assert read_trained_on(run / "base") == set(task_keys(sft_tasks(envs, sft.examples, sft.mix, recipe.seed)))
+    specs = load_teacher_specs(recipe)
+    for cell in CELLS:
+        env = teacher_env(specs[cell], recipe)
+        assert read_trained_on(run / "teachers" / cell) == set(task_keys(teacher_tasks(env, specs[cell], recipe)))
+        close(env)
+    spec = recipe.distill
+    source = task_source(build_route_table(spec.mix, {c: c for c in spec.mix}), spec, recipe.seed,
+                         {d: recipe.env_options(d) for d in DOMAINS}, None)  # fmt: skip
+    drawn = {key for step in range(1, spec.steps + 1) for key in task_keys(source(step))}
+    assert read_trained_on(run / "distill") == drawn
+    for env in envs.values():
+        close(env)
+
+    # the bench stage audited every cell against those records: nothing of its test suite was trained on
+    assert report["label"] is None
+    for row in report["results"]:
+        cell = f"{row['domain']}-{row['effort']}"
+        stages = {"base": 0, f"teachers/{cell}": 0, "distill": 0} if row["model"] == "student" else None
+        assert row["audit"]["overlap"] == 0 and row["audit"]["tasks"] == 1, row
+        assert stages is None or row["audit"]["stages"] == stages
+    assert "overlap 0/1" in (run / "bench" / "report.md").read_text()
+
+    # a key planted in the student's MOPD record is found there: the audit reads the run's files
+    suite = load_suite(recipe.bench.suite)
+    env = make_env(suite, "general", recipe.env_options("general"))
+    tasks = suite.tasks(env, "low")
+    write_trained_on(run / "distill", read_trained_on(run / "distill") | {task_keys(tasks)[0]})
+    audit = audit_jobs([("student", run / "distill" / "model", "general-low", tasks)])[("student", "general-low")]
+    assert (audit["overlap"], audit["stages"]["distill"]) == (1, 1)
+    close(env)

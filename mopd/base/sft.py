@@ -6,7 +6,9 @@ Building one: train the tiny tokenizer on the expert transcripts, draw `sft.exam
 transcripts over the mix of domains and all three efforts, corrupt a `sft.noise` fraction of them
 (one digit of an answer changed, so the base learns a wrong answer some of the time), and
 fit the model on the assistant tokens only. The result is an HF checkpoint with the tokenizer
-and its chat template: every later stage loads it with `from_pretrained`.
+and its chat template: every later stage loads it with `from_pretrained`. Beside it,
+`trained_on.txt` lists the content keys of every SFT task (`mopd.envs.splits`), which
+`mopd bench` audits its suites against.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mopd.artifacts import MetricsLog, atomic_dir, write_json_atomic
 from mopd.envs import get_env
 from mopd.envs.base import EFFORTS, THINK_CLOSE
 from mopd.envs.chat import render_turns, tokenize_segments
+from mopd.envs.splits import task_keys, write_trained_on
 from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.rollout.engine import load_k3_config
@@ -59,8 +62,9 @@ def check_checkpoint(path: Path, field: str) -> None:
 # --------------------------------------------------------------------------------------- training
 def train_base(recipe, out: Path) -> None:
     sft = recipe.base.sft
-    envs = {domain: get_env(domain, **recipe.envs.get(domain, {})) for domain in mix_domains(sft.mix)}
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
     transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
+    write_trained_on(out, task_keys(task for _, (task, _) in transcripts))
     tokenizer = build_tokenizer([text for text, _ in transcripts], sft.vocab_size)
     rng = random.Random(recipe.seed)
     episodes = [episode for _, episode in transcripts]
@@ -87,20 +91,25 @@ def mix_domains(mix: dict[str, float]) -> list[str]:
     return [domain for domain, weight in mix.items() if weight > 0]
 
 
-def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float], seed: int):
-    """(text, (task, turns)) pairs: the experts' solutions, split by mix weight and evenly over efforts."""
+def sft_tasks(envs: dict[str, Any], examples: int, mix: dict[str, float], seed: int) -> list:
+    """The tasks of the base's SFT, from the train split: split by mix weight and evenly over efforts."""
     total = sum(mix[d] for d in envs)
-    out = []
+    tasks = []
     for domain, env in envs.items():
         per_effort = max(1, round(examples * mix[domain] / total / len(EFFORTS)))
         for effort in EFFORTS:
-            for task in env.sample(per_effort, seed, "train", effort):
-                solution = env.solve(task)
-                turns = (
-                    solution if isinstance(solution, list) else [{"role": "assistant", "content": solution}]
-                )
-                segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
-                out.append(("".join(s.text for s in segments), (task, turns)))
+            tasks += env.sample(per_effort, seed, "train", effort)
+    return tasks
+
+
+def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float], seed: int):
+    """(text, (task, turns)) pairs: the experts' solutions to the `sft_tasks`, shuffled."""
+    out = []
+    for task in sft_tasks(envs, examples, mix, seed):
+        solution = envs[task.domain].solve(task)
+        turns = solution if isinstance(solution, list) else [{"role": "assistant", "content": solution}]
+        segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
+        out.append(("".join(s.text for s in segments), (task, turns)))
     random.Random(seed).shuffle(out)
     return out
 

@@ -1,5 +1,8 @@
 """The report's PNGs (matplotlib, Agg): accuracy vs effort, accuracy vs tokens, a per-cell ratio heat map.
 
+Accuracy is the report's: within budget (the verifier accepts, the thinking fits the effort's
+budget). A labelled report (training tasks, overlapping tasks) carries its label in each title.
+
 Teachers answer only their own cell, so they appear as single points beside the curves of the
 models that answer every cell (base, student, any checkpoint given on the command line).
 """
@@ -62,6 +65,10 @@ def teachers_of(report: dict[str, Any], domain: str) -> list[dict[str, Any]]:
     return [m for m in report["models"] if m["role"] == "teacher" and m["cell"].startswith(f"{domain}-")]
 
 
+def labelled(report: dict[str, Any], title: str) -> str:
+    return f"{title} ({report['label']})" if report.get("label") else title
+
+
 def domain_axes(count: int, title: str):
     figure, axes = plt.subplots(
         1, count, figsize=(4.2 * count, 3.8), squeeze=False, sharey=True, layout="constrained"
@@ -92,7 +99,7 @@ def plot_teachers(ax, report: dict[str, Any], domain: str, efforts: list[str], x
 
 def plot_accuracy_vs_effort(report: dict[str, Any]):
     domains, efforts = domains_and_efforts(report)
-    figure, axes = domain_axes(len(domains), "Accuracy vs effort")
+    figure, axes = domain_axes(len(domains), labelled(report, "Accuracy within budget vs effort"))
     for ax, domain in zip(axes, domains):
         models = curve_models(report)
         for k, model in enumerate(models):
@@ -109,7 +116,7 @@ def plot_accuracy_vs_effort(report: dict[str, Any]):
             title=domain, xlabel="effort", xticks=range(len(efforts)), xticklabels=efforts, ylim=(-0.05, 1.05)
         )
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy (verifier reward)")
+    axes[0].set_ylabel("accuracy within budget")
     shared_legend(figure, axes)
     return figure
 
@@ -117,7 +124,7 @@ def plot_accuracy_vs_effort(report: dict[str, Any]):
 def plot_accuracy_vs_tokens(report: dict[str, Any]):
     domains, efforts = domains_and_efforts(report)
     figure, axes = domain_axes(
-        len(domains), "Runtime scaling: accuracy vs mean generated tokens (L/H/M = effort)"
+        len(domains), labelled(report, "Runtime scaling: accuracy within budget vs mean generated tokens (L/H/M = effort)")
     )
     for ax, domain in zip(axes, domains):
         for k, model in enumerate(curve_models(report)):
@@ -140,7 +147,7 @@ def plot_accuracy_vs_tokens(report: dict[str, Any]):
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel("accuracy (verifier reward)")
+    axes[0].set_ylabel("accuracy within budget")
     shared_legend(figure, axes)
     return figure
 
@@ -189,7 +196,7 @@ def plot_ratio_heatmap(report: dict[str, Any]):
         yticklabels=domains,
         xlabel="effort",
         ylabel="domain",
-        title=f"Accuracy ratio {subject} / {reference_label}\n(grey: reference scored 0)",
+        title=labelled(report, f"Accuracy ratio {subject} / {reference_label}") + "\n(within budget; grey: reference scored 0)",
     )
     figure.colorbar(image, ax=ax, label=f"accuracy ratio ({subject} / {reference_label})")
     return figure

@@ -1,4 +1,8 @@
-"""A benchmark report on disk: report.json, report.md (one table per metric, a column per model), plots."""
+"""A benchmark report on disk: report.json, report.md (one table per metric, a column per model), plots.
+
+A report on a `split: train` suite, or on a dev/test suite let through with overlapping tasks
+(`--allow-overlap`), carries that `label` in its title and in every table's title.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from mopd.artifacts import write_json_atomic, write_text_atomic
+from mopd.bench.audit import audit_text
 from mopd.envs.base import EFFORTS
 
 # (title, metric keys shown as "a / b", number format)
 TABLES: list[tuple[str, tuple[str, ...], str]] = [
-    ("Accuracy (verifier reward, mean@k)", ("accuracy",), "{:.2f}"),
-    ("pass@k", ("pass_at_k",), "{:.2f}"),
+    ("Accuracy within budget (verifier accepts, thinking ≤ budget; mean@k)", ("accuracy",), "{:.2f}"),
+    ("pass@k within budget", ("pass_at_k",), "{:.2f}"),
+    ("Raw accuracy (verifier reward, thinking of any length; mean@k)", ("raw_accuracy",), "{:.2f}"),
     ("Thinking tokens (mean / p90)", ("thinking_tokens_mean", "thinking_tokens_p90"), "{:.0f}"),
     ("Answer tokens (mean / p90)", ("answer_tokens_mean", "answer_tokens_p90"), "{:.0f}"),
     ("Over-budget rate (thinking > budget)", ("over_budget_rate",), "{:.2f}"),
@@ -46,10 +52,12 @@ def markdown(report: dict[str, Any]) -> str:
     suite, machine = report["suite"], report["machine"]
     names = [model["name"] for model in report["models"] if model["role"] != "teacher"]
     teachers = {m["cell"]: m["name"] for m in report["models"] if m["role"] == "teacher"}
+    label = f" — {report['label']}" if report.get("label") else ""
+    split = suite.get("split", "eval")  # reports written before suites declared their split
     lines = [
-        f"# Effort benchmark: suite `{suite['name']}`",
+        f"# Effort benchmark: suite `{suite['name']}`, {split} split{label}",
         "",
-        f"{len(report['models'])} model(s) on `{suite['path']}`: {suite['n'] * len(suite['seeds'])} held-out tasks per cell "
+        f"{len(report['models'])} model(s) on `{suite['path']}`: {suite['n'] * len(suite['seeds'])} {split} tasks per cell "
         f"(seeds {suite['seeds']}), {suite['samples']} sample(s) per task (k = {suite['samples']}), "
         f"temperature {suite['temperature']}, backend {report['backend']}"
         f"{workers_note(report.get('workers', 1))}. "
@@ -57,44 +65,64 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Budgets (thinking tokens): "
         + ", ".join(f"{effort} {spec['budget_tokens']}" for effort, spec in report["efforts"].items())
-        + "."
+        + ". A sample is correct when the verifier accepts it and its thinking fits its effort's budget; "
+        "raw accuracy ignores the budget."
         + (" Each teacher answers only its own cell; the `teacher` column shows it." if teachers else ""),
+    ]
+    if "code_sandbox" in report:
+        lines += ["", f"Code verified in the {report['code_sandbox']}."]
+    lines += [
+        "",
+        f"## Training-data audit: the cell's tasks that the model's lineage trained on{label}",
+        "",
+        *table(report, names, teachers, ("audit",), "", show=lambda row: audit_text(row and row.get("audit"))),
+        *unavailable_notes(report),
     ]
     for title, keys, number in TABLES:
         if keys == ("pass_at_k",) and suite["samples"] == 1:
             continue  # pass@1 is the accuracy
-        lines += ["", f"## {title}", "", *table(report, names, teachers, keys, number)]
+        lines += ["", f"## {title}{label}", "", *table(report, names, teachers, keys, number)]
     base = next((m["name"] for m in report["models"] if m["role"] == "base"), None)
     student = next((m["name"] for m in report["models"] if m["role"] == "student"), None)
     if base and teachers:
-        lines += ["", "## Teachers against the base (accuracy)", "", *teacher_table(report, base, teachers)]
+        lines += ["", f"## Teachers against the base (accuracy){label}", "", *teacher_table(report, base, teachers)]
     if student and teachers:
-        lines += ["", "## Student against its teachers (accuracy)", "", *recovery_table(report, student, teachers)]
-    lines += ["", "## Accuracy by effort", "", *effort_table(report, names, teachers)]
+        lines += ["", f"## Student against its teachers (accuracy){label}", "", *recovery_table(report, student, teachers)]
+    lines += ["", f"## Accuracy by effort{label}", "", *effort_table(report, names, teachers)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
 
 
 def table(
-    report, names: list[str], teachers: dict[str, str], keys: tuple[str, ...], number: str
+    report, names: list[str], teachers: dict[str, str], keys: tuple[str, ...], number: str, show=None
 ) -> list[str]:
-    """Rows are cells, columns the models; a run's nine teachers share one column (each its own cell)."""
+    """Rows are cells, columns the models; a run's nine teachers share one column (each its own cell).
+    `show(row)`: a cell's text (default: the keys' values); a numeric table ends with the column means."""
+    show = show or (lambda row: cell_text(row, keys, number))
     rows = {(r["domain"], r["effort"], r["model"]): r for r in report["results"]}
     cells = list(dict.fromkeys((r["domain"], r["effort"]) for r in report["results"]))
     columns = [*names[:1], "teacher", *names[1:]] if teachers else names
     lines = ["| cell | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for domain, effort in cells:
         model_of = {name: name for name in names} | {"teacher": teachers.get(f"{domain}-{effort}")}
-        values = [cell_text(rows.get((domain, effort, model_of[column])), keys, number) for column in columns]
+        values = [show(rows.get((domain, effort, model_of[column]))) for column in columns]
         lines.append(f"| {domain}/{effort} | " + " | ".join(values) + " |")
-    if len(keys) == 1:
+    if len(keys) == 1 and number:
         means = [
             column_mean(report["results"], set(teachers.values()) if c == "teacher" else {c}, keys[0])
             for c in columns
         ]
         lines.append("| **mean** | " + " | ".join(fmt(m, number) for m in means) + " |")
     return lines
+
+
+def unavailable_notes(report) -> list[str]:
+    """Why a model's audit is unavailable, once per model and reason."""
+    reasons = dict.fromkeys(
+        (r["model"], r["audit"]["unavailable"]) for r in report["results"] if "unavailable" in r.get("audit", {})
+    )
+    return ["", *(f"- {model}: audit unavailable: {why}" for model, why in reasons)] if reasons else []
 
 
 def recovery_table(report, student: str, teachers: dict[str, str], target: float = 0.9) -> list[str]:
@@ -179,7 +207,7 @@ def accuracy_ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -
 def cell_text(row: dict[str, Any] | None, keys: tuple[str, ...], number: str) -> str:
     if row is None:
         return "—"
-    return " / ".join(fmt(row[key], number) for key in keys)
+    return " / ".join(fmt(row.get(key), number) for key in keys)
 
 
 def fmt(value: float | None, number: str) -> str:
@@ -187,5 +215,5 @@ def fmt(value: float | None, number: str) -> str:
 
 
 def column_mean(results: list[dict[str, Any]], models: set[str], key: str) -> float | None:
-    values = [r[key] for r in results if r["model"] in models]
+    values = [r[key] for r in results if r["model"] in models and key in r]
     return sum(values) / len(values) if values else None

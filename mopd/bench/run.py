@@ -1,12 +1,16 @@
-"""The effort benchmark: checkpoints × held-out cells (domain, effort) → one report.
+"""The effort benchmark: checkpoints × cells (domain, effort) of a suite's split → one report.
 
     run_bench(models, efforts, domains, suite, n, samples, out, backend)   any checkpoints
     bench_run_dir(run_dir)                                                 a run's base, teachers, student
     run_bench_stage(ctx)                                                   the pipeline's `bench` stage
 
 Everything a user can get wrong (a suite, a checkpoint, a flag) is checked before the first
-engine starts. Then each model answers its cells' tasks through the shared episode loop
-(`run_rollouts`), which verifies and shapes each answer. Models that differ only in weights
+engine starts, and so is the audit (`mopd.bench.audit`): each (model, cell)'s tasks against the
+training records of the model's lineage; a dev or test suite with any overlap stops there unless
+`allow_overlap`. Then each model answers its cells' tasks through the shared episode loop
+(`run_rollouts`), which verifies and shapes each answer. A sample counts as correct when the
+verifier accepts it and its thinking fits the effort's budget (`accuracy`, `pass_at_k`);
+`raw_accuracy` (the verdict alone) and the over-budget rate stand beside it. Models that differ only in weights
 share one engine: the next one's weights are swapped in (`update_weights`), no restart.
 A cell's tasks go to the engine together (or in batches of the suite's `batch_tasks`): a
 request's latency is the wall time of the call that served it, throughput the generated
@@ -38,9 +42,11 @@ from rich.progress import (
 )
 
 from mopd.artifacts import config_hash, read_json
-from mopd.bench.suite import BenchError, Suite, check_held_out, close, load_suite, make_env, select
+from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in
+from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
+from mopd.envs.sandbox import describe_backend
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine import CheckpointError, load_k3_config
 from mopd.rollout.episodes import Rollout, run_rollouts
@@ -86,9 +92,13 @@ def run_bench(
     progress: bool = True,
     workers: int | None = None,
     resources: Resources | None = None,
+    allow_degraded: bool = False,
+    allow_overlap: bool = False,
 ) -> dict[str, Any]:
-    """Benchmark `models` on the suite's held-out cells; writes report.json/.md and plots to `out`.
-    `workers` > 1 runs that many engines at once on Ray actors, each holding `resources`."""
+    """Benchmark `models` on the suite's cells; writes report.json/.md and plots to `out`.
+    `workers` > 1 runs that many engines at once on Ray actors, each holding `resources`.
+    `allow_degraded` judges code in the rlimit sandbox where bubblewrap does not work (the report says so).
+    `allow_overlap` benchmarks a dev or test suite whose tasks a model trained on (the report says so)."""
     workers = 1 if workers is None else workers
     if workers < 1:
         raise BenchError(f"--workers: needs at least 1 engine, got {workers}")
@@ -100,20 +110,28 @@ def run_bench(
     if temperature is not None:
         chosen = chosen.model_copy(update={"temperature": temperature})
     recipe = recipe or recipe_of(refs)
-    check_held_out(chosen, {recipe.seed}, source=str(suite))
+    if allow_degraded:
+        recipe = recipe.model_copy(update={"sandbox": recipe.sandbox.model_copy(update={"allow_degraded": True})})
     envs = {
-        domain: make_env(chosen, domain, recipe.envs.get(domain), source=str(suite))
+        domain: make_env(chosen, domain, recipe.env_options(domain), source=str(suite))
         for domain in chosen.domains
     }
     try:
+        code_sandbox = envs["code"].sandbox.backend if "code" in envs else None  # refuses before any engine starts
         cells = [Cell(d, e, chosen.tasks(envs[d], e)) for d in chosen.domains for e in chosen.efforts]
+        audits = audit_jobs([(ref.name, ref.path, cell.name, cell.tasks) for ref in refs for cell in cells_of(ref, cells)])
+        overlapping = check_overlap(audits, chosen.split, allow_overlap, source=str(suite))
         results = evaluate(
             refs, cells, envs, chosen, recipe.efforts, backend, progress, recipe, workers, resources
         )  # fmt: skip
     finally:
         for env in envs.values():
             close(env)
-    report = build_report(refs, chosen, str(suite), backend, recipe.efforts, results, workers)
+    for row in results:
+        row["audit"] = audits[(row["model"], f"{row['domain']}-{row['effort']}")]
+    report = build_report(refs, chosen, str(suite), backend, recipe.efforts, results, workers, overlapping)
+    if code_sandbox:
+        report["code_sandbox"] = describe_backend(code_sandbox)
     if out is not None:
         from mopd.bench.report import write_report
 
@@ -156,6 +174,7 @@ def bench_command(args) -> int:
     options = {
         "efforts": split_list(args.efforts), "domains": split_list(args.domains),
         "n": args.n, "samples": args.samples, "workers": args.workers,
+        "allow_degraded": args.allow_degraded_sandbox, "allow_overlap": args.allow_overlap,
     }  # fmt: skip
     if args.suite:
         options["suite"] = args.suite
@@ -191,6 +210,14 @@ def add_bench_parser(subparsers) -> None:
     bench.add_argument(
         "--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm, or the run's)"
     )
+    bench.add_argument(
+        "--allow-degraded-sandbox", action="store_true",
+        help="without a working bubblewrap, judge code in the weaker rlimit sandbox (the report says so)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--allow-overlap", action="store_true",
+        help="benchmark a dev/test suite even where a model trained on some of its tasks (the report says so)",
+    )  # fmt: skip
     bench.set_defaults(func=bench_command)
 
 
@@ -271,21 +298,6 @@ def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[
     return refs
 
 
-def base_dir(stage_dir: Path) -> Path:
-    """The base stage holds the checkpoint, or names the recipe's existing one in base.json."""
-    pointer = read_json(stage_dir / "base.json")
-    return Path(pointer["checkpoint"]) if pointer else checkpoint_in(stage_dir)
-
-
-def checkpoint_in(stage_dir: Path) -> Path:
-    model = stage_dir / "model"
-    return (
-        model
-        if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file()
-        else stage_dir
-    )
-
-
 def cells_of(ref: ModelRef, cells: list[Cell]) -> list[Cell]:
     """A teacher answers its own cell only (it was trained for it); other models answer every cell."""
     if ref.role != "teacher":
@@ -325,7 +337,7 @@ def evaluate(
                 finished(ref, cell, metrics[-1])
         else:
             recipe = recipe or Recipe(name="bench")
-            worker_args = (suite, budgets, backend, None, {d: recipe.envs.get(d) for d in suite.domains})
+            worker_args = (suite, budgets, backend, None, {d: recipe.env_options(d) for d in suite.domains})
             metrics = run_on_workers(jobs, recipe, workers, resources or Resources(), worker_args, bar, task, finished)
     return [
         {"model": ref.name, "domain": cell.domain, "effort": cell.effort, **m} for (ref, cell), m in zip(jobs, metrics)
@@ -459,7 +471,7 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def cell_line(model: str, cell: str, metrics: dict) -> str:
     return (
-        f"{model} {cell}: accuracy {metrics['accuracy']:.2f}, thinking {metrics['thinking_tokens_mean']:.0f} tokens, "
+        f"{model} {cell}: accuracy {metrics['accuracy']:.2f} (raw {metrics['raw_accuracy']:.2f}), thinking {metrics['thinking_tokens_mean']:.0f} tokens, "
         f"{metrics['seconds']:.1f} s"
     )
 
@@ -494,14 +506,17 @@ def cell_metrics(
 ) -> dict:
     rollouts = [r for group in groups for r in group]
     generated = sum(sum(r.loss_mask) for r in rollouts)
+    scores = [[within_budget(r) for r in group] for group in groups]
     return {
         "tasks": len(groups),
         "samples": len(rollouts) // len(groups),
         "budget_tokens": budget.budget_tokens,
-        "accuracy": mean(r.verdict.reward for r in rollouts),
-        "accuracy_se": task_standard_error([[r.verdict.reward for r in group] for group in groups]),
-        "task_rewards": [mean(r.verdict.reward for r in group) for group in groups],  # paired comparisons
-        "pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
+        "accuracy": mean(s for group in scores for s in group),
+        "accuracy_se": task_standard_error(scores),
+        "task_rewards": [mean(group) for group in scores],  # paired comparisons
+        "pass_at_k": mean(any(r.verdict.passed and not r.over_budget for r in group) for group in groups),
+        "raw_accuracy": mean(r.verdict.reward for r in rollouts),
+        "raw_pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
         "shaped_reward": mean(r.reward for r in rollouts),
         "closed_think_rate": mean(r.closed_think for r in rollouts),
         "thinking_tokens_mean": mean(r.thinking_tokens for r in rollouts),
@@ -516,6 +531,11 @@ def cell_metrics(
         "tokens_per_s": generated / wall,
         "requests_per_s": len(rollouts) / wall,
     }
+
+
+def within_budget(rollout: Rollout) -> float:
+    """The verdict's reward where the thinking fits the effort's budget, else 0: the budget is the protocol."""
+    return 0.0 if rollout.over_budget else rollout.verdict.reward
 
 
 def mean(values: Iterable[float]) -> float:
@@ -538,10 +558,11 @@ def p90(values: Iterable[float]) -> float:
 
 # ----------------------------------------------------------------------------- the report
 def build_report(
-    refs, suite: Suite, suite_path: str, backend: str, budgets, results, workers: int = 1
+    refs, suite: Suite, suite_path: str, backend: str, budgets, results, workers: int = 1, overlapping: bool = False
 ) -> dict[str, Any]:
     return {
         "suite": {"path": suite_path, **suite.model_dump()},
+        "label": report_label(suite.split, overlapping),
         "backend": backend,
         "workers": workers,
         "efforts": {effort: spec.model_dump() for effort, spec in budgets.items() if effort in suite.efforts},
@@ -549,6 +570,13 @@ def build_report(
         "results": results,
         "machine": machine(),
     }
+
+
+def report_label(split: str, overlapping: bool) -> str | None:
+    """What the title and tables must say about the tasks: none for a clean dev or test suite."""
+    if split == "train":
+        return "training tasks"
+    return "overlapping: some tasks were trained on" if overlapping else None
 
 
 def machine() -> dict[str, Any]:

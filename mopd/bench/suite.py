@@ -1,7 +1,8 @@
-"""Benchmark suites: which held-out tasks a benchmark runs, as a YAML file in `eval/`.
+"""Benchmark suites: which tasks a benchmark runs, as a YAML file in `eval/`.
 
     name: tiny
-    seeds: [1001]          # held-out seeds; never a seed the training stages draw tasks with
+    split: test            # train | dev | test: the content split the tasks are drawn from
+    seeds: [1001]          # draws within the split
     n: 6                   # tasks per (domain, effort) cell and seed
     samples: 1             # samples per task: accuracy is mean@k, pass@k over these k
     temperature: 0.0
@@ -11,18 +12,21 @@
       general: {families: [add, mul], options: {add_digits: [1, 3]}}
       code: {}             # every family, default difficulty
 
-Tasks come from the environments' eval split, whose content never overlaps the train split
-(each env assigns a task to a split by hashing its content). On top of that a suite's seeds must
-differ from the recipe's training seed, which `check_held_out` enforces. The same suite and seed
-always give the same tasks, and a task's content does not depend on the effort, so every effort
-answers the same questions. Every mistake (an unknown domain or family, a training seed) is one
+Every suite declares its split. A task's split is a function of its canonical content
+(`mopd.envs.splits`), and the training stages draw from `train` only, so `dev` (for choosing
+knobs) and `test` (what reports quote) hold content no stage was built to train on. That is
+checked, not assumed: before sampling, `mopd bench` looks each task's content key up in the
+training records of the model's lineage (`mopd.bench.audit`), and an overlap in a dev or test
+suite is an error. A `split: train` suite is an in-distribution evaluation; its report says
+"training tasks". The seeds only choose draws within the split. The same suite and seed always
+give the same tasks, and a task's content does not depend on the effort, so every effort answers
+the same questions. Every mistake in a suite (an unknown domain, family or split) is one
 `SuiteError` naming the file and the field, raised before anything is sampled.
 """
-
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -52,6 +56,9 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
+    split: Literal["train", "dev", "test"] = Field(
+        description="the content split the tasks come from: test for reports, dev for tuning, train in-distribution"
+    )
     seeds: list[int] = Field(min_length=1)
     n: int = Field(gt=0, description="tasks per (domain, effort) cell and seed")
     samples: int = Field(1, gt=0, description="samples per task (k of mean@k and pass@k)")
@@ -94,8 +101,8 @@ class Suite(BaseModel):
         return options
 
     def tasks(self, env: Any, effort: str) -> list[Task]:
-        """The cell's held-out tasks: n per seed, from the eval split."""
-        return [task for seed in self.seeds for task in env.sample(self.n, seed, "eval", effort)]
+        """The cell's tasks: n per seed, from the suite's split."""
+        return [task for seed in self.seeds for task in env.sample(self.n, seed, self.split, effort)]
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -153,12 +160,3 @@ def select(
             update[name] = value
     return suite.model_copy(update=update)
 
-
-def check_held_out(suite: Suite, training_seeds: set[int], source: str = "suite") -> None:
-    """A suite seed that a training stage also draws tasks with is refused."""
-    shared = sorted(set(suite.seeds) & set(training_seeds))
-    if shared:
-        raise SuiteError(
-            f"{source}: seeds {shared} are also training seeds (the recipe's seed draws the base's and "
-            f"teachers' training tasks); pick held-out seeds"
-        )

@@ -1,0 +1,128 @@
+"""Which of a benchmark's tasks a model was trained on: the lineage audit of `mopd bench`.
+
+    lineage(path, cell)                        the training stages whose data reached a checkpoint
+    audit_jobs(jobs)                           per (model, cell): its tasks whose key a stage trained on
+    check_overlap(audits, split, allow, source)  an overlap in a dev or test suite is an error
+
+A checkpoint's run is the directory above it holding `recipe.json`; its stage is where it sits
+there: `base/`, `teachers/<cell>/` or `distill/` (the student, `distill/model` or a checkpoint).
+Its lineage, as a run trains them: the base (SFT), a teacher (the base and its own RL prompts),
+the student (the base, the teacher of the cell being scored, and the MOPD prompts); a teacher's
+`init` or a `distill.student` other than the run's base is not followed. Each stage
+wrote the content keys it trained on (`mopd.envs.splits.write_trained_on`); a task overlaps when
+its key is in any record of the lineage. A checkpoint outside a run, or a stage of its lineage
+without a record (a run from before records existed), is "audit unavailable" in the report, never
+a silent 0. A dev or test suite with any overlap is a `BenchError` before sampling, naming the
+cells, the model and the stage, unless the user allows it (the report is then labelled).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mopd.artifacts import read_json
+from mopd.bench.suite import BenchError
+from mopd.envs.base import Task
+from mopd.envs.splits import TRAINED_ON, read_trained_on, task_keys
+from mopd.recipe import CELLS
+
+
+class AuditUnavailable(Exception):
+    """The checkpoint's training data is unknown; the message says why."""
+
+
+# ----------------------------------------------------------------------------- lineage
+def lineage(path: Path, cell: str) -> dict[str, Path]:
+    """Stage name → the directory holding its training record, for a task of `cell` ("domain-effort")."""
+    run, stage = run_stage(path)
+    stages = {"base": base_dir(run / "base")}
+    if stage.startswith("teachers/"):
+        stages[stage] = run / stage
+    elif stage == "distill":
+        stages[f"teachers/{cell}"] = run / "teachers" / cell
+        stages["distill"] = run / "distill"
+    return stages
+
+
+def run_stage(path: Path) -> tuple[Path, str]:
+    """(the run directory, the stage: "base", "teachers/<cell>" or "distill") of a checkpoint."""
+    path = Path(path).resolve()
+    run = next((parent for parent in path.parents if (parent / "recipe.json").is_file()), None)
+    if run is None:
+        raise AuditUnavailable(f"{path} is not inside a run directory (no recipe.json above it)")
+    parts = path.relative_to(run).parts
+    if parts[0] in ("base", "distill"):
+        return run, parts[0]
+    if parts[0] == "teachers" and len(parts) > 1 and parts[1] in CELLS:
+        return run, f"teachers/{parts[1]}"
+    raise AuditUnavailable(f"{path} is not a base/, teachers/<cell>/ or distill/ checkpoint of the run {run}")
+
+
+def base_dir(stage_dir: Path) -> Path:
+    """The base stage holds the checkpoint, or names the recipe's existing one in base.json."""
+    pointer = read_json(stage_dir / "base.json")
+    return Path(pointer["checkpoint"]) if pointer else checkpoint_in(stage_dir)
+
+
+def checkpoint_in(stage_dir: Path) -> Path:
+    model = stage_dir / "model"
+    return (
+        model
+        if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file()
+        else stage_dir
+    )
+
+
+# ----------------------------------------------------------------------------- the audit
+def audit_cell(path: Path, cell: str, keys: list[str], records: dict[Path, set[str] | None]) -> dict[str, Any]:
+    """{"tasks", "overlap", "stages": {stage: overlap}} or {"tasks", "unavailable": why}."""
+    try:
+        stages = lineage(path, cell)
+    except AuditUnavailable as why:
+        return {"tasks": len(keys), "unavailable": str(why)}
+    for where in stages.values():
+        if where not in records:
+            records[where] = read_trained_on(where)
+    missing = [stage for stage, where in stages.items() if records[where] is None]
+    if missing:
+        files = ", ".join(str(stages[stage] / TRAINED_ON) for stage in missing)
+        return {"tasks": len(keys), "unavailable": f"{', '.join(missing)} wrote no training record (no {files})"}
+    return {
+        "tasks": len(keys),
+        "overlap": sum(any(key in records[where] for where in stages.values()) for key in keys),
+        "stages": {stage: sum(key in records[where] for key in keys) for stage, where in stages.items()},
+    }
+
+
+def audit_jobs(jobs: list[tuple[str, Path, str, list[Task]]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model, cell) → its audit, for each (model name, checkpoint path, cell, tasks) job."""
+    records: dict[Path, set[str] | None] = {}
+    return {
+        (model, cell): audit_cell(path, cell, task_keys(tasks), records)
+        for model, path, cell, tasks in jobs
+    }
+
+
+def check_overlap(audits: dict[tuple[str, str], dict[str, Any]], split: str, allow: bool, source: str) -> bool:
+    """Whether any cell overlaps training; for a dev or test suite that is an error unless `allow`."""
+    overlapping = {job: audit for job, audit in audits.items() if audit.get("overlap")}
+    if overlapping and split != "train" and not allow:
+        found = "; ".join(
+            f"model {model!r} cell {cell}: {audit['overlap']}/{audit['tasks']} tasks trained on in "
+            + ", ".join(f"{stage} ({n})" for stage, n in audit["stages"].items() if n)
+            for (model, cell), audit in overlapping.items()
+        )
+        raise BenchError(
+            f"{source} is a {split} suite, but some of its tasks were trained on: {found}. "
+            f"Pass --allow-overlap to benchmark anyway (the report is then labelled as overlapping)"
+        )
+    return bool(overlapping)
+
+
+def audit_text(audit: dict[str, Any] | None) -> str:
+    if audit is None:
+        return "—"
+    if "unavailable" in audit:
+        return "audit unavailable"
+    return f"overlap {audit['overlap']}/{audit['tasks']}"
