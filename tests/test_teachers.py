@@ -50,6 +50,9 @@ LOGGED = {
     "time_generate",
     "time_verify",
     "time_train",
+    "logp_gap",
+    "logp_gap_max",
+    "is_corrected_fraction",
 }
 
 
@@ -80,6 +83,8 @@ def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_p
         assert row.keys() >= LOGGED, LOGGED - row.keys()
         assert 0.0 <= row["pass_rate"] <= 1.0 and row["time_generate"] > 0 and row["time_train"] > 0
     assert abs(rows[0]["kl_init"]) < 1e-3  # step 1 samples from the initial weights themselves
+    # the HF engine samples with the trainer's own weights: TRL's sampler correction has nothing to correct
+    assert all(r["logp_gap_max"] < 1e-4 and r["is_corrected_fraction"] == 0.0 for r in rows)
     assert last_checkpoint(tmp_path / "checkpoints").endswith("checkpoint-2")
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template is not None
     assert (tmp_path / "model.safetensors").is_file()

@@ -7,12 +7,15 @@ its checkpoints); we own generation. TRL's `rollout_func` hands us each step's p
 ids, repeated once per group member); `GroupRollouts` syncs the trainer's weights into our
 rollout engine, runs the shared episode loop (`run_rollouts`: multi-turn agent episodes, the
 verifiers, the effort protocol's reward shaping) and returns the engine's token ids and
-log-probs, with `env_mask` zero on observation tokens so they never enter the loss.
+log-probs, with `env_mask` zero on observation tokens so they never enter the loss. TRL weighs
+each token's loss by its importance-sampling ratio of trainer to sampler probability (mode and
+cap from the spec), which corrects for the gap between our engine and the trainer's forward.
 
 Every step logs one line of `metrics.jsonl`: mean reward, pass rate, thinking and answer
-tokens, over-budget rate, KL to the initial policy, entropy, and the step's seconds split into
-generate / verify / train. A restarted run resumes from TRL's last checkpoint and drops the
-metrics of the steps it redoes.
+tokens, over-budget rate, KL to the initial policy, entropy, the mean and largest
+|log p_train − log p_sampler| over the loss tokens and the share of them whose ratio was masked
+or truncated, and the step's seconds split into generate / verify / train. A restarted run
+resumes from TRL's last checkpoint and drops the metrics of the steps it redoes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import itertools
 import time
 from pathlib import Path
 from statistics import fmean
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -30,6 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from mopd.artifacts import MetricsLog
 from mopd.envs import get_env
+from mopd.envs.splits import task_keys, write_trained_on
 from mopd.model import K3HybridForCausalLM
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
@@ -60,6 +65,7 @@ def train_teacher(
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     env = teacher_env(spec, recipe)
     tasks = teacher_tasks(env, spec, recipe)
+    write_trained_on(out_dir, task_keys(tasks))  # the whole deterministic list: a resumed run records the same
     rollouts = GroupRollouts(
         engine=create_engine(init_dir, backend=backend or recipe.rollout),
         reference=create_engine(init_dir, backend="hf"),
@@ -90,6 +96,7 @@ def train_teacher(
         callbacks=[StepMetrics(metrics, rollouts)],
     )
     trainer.remove_callback(PrinterCallback)  # metrics.jsonl and the driver's progress line say it
+    correct_for_the_sampler(trainer)
     trainer.skip_zero_advantage = spec.skip_zero_advantage
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.model.config.use_cache = use_cache  # transformers' Trainer turns it off for training
@@ -99,7 +106,7 @@ def train_teacher(
 
 
 def teacher_env(spec, recipe):
-    options = {**recipe.envs.get(spec.domain, {}), **spec.difficulty}
+    options = {**recipe.env_options(spec.domain), **spec.difficulty}
     if spec.families:
         options["families"] = spec.families
     return get_env(spec.domain, **options)
@@ -143,7 +150,20 @@ def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConf
         disable_tqdm=True,
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # not supported by the hybrid (nor needed at these sizes)
+        vllm_importance_sampling_correction=spec.importance_sampling != "none",
+        vllm_importance_sampling_mode=spec.importance_sampling,  # TRL reads it only with the correction on
+        vllm_importance_sampling_clip_max=spec.importance_sampling_cap,
     )
+
+
+def correct_for_the_sampler(trainer) -> None:
+    """Let TRL weigh the loss by the trainer/sampler probability ratio of the rollout_func's log-probs."""
+    # TRL applies its correction only with `use_vllm`, which in __init__ would also start TRL's own
+    # vLLM; set after __init__, the flag only turns the correction on (and makes TRL call
+    # vllm_generation.sync_weights before each rollout_func: our rollout_func syncs its own engine).
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction
+    trainer.vllm_generation = SimpleNamespace(sync_weights=lambda: None)
+    trainer._last_loaded_step = -1
 
 
 class LengthSortedGRPOTrainer(GRPOTrainer):
@@ -163,6 +183,14 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
     """
 
     skip_zero_advantage = True
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if "importance_sampling_ratio" in batch:
+            self._metrics["train" if self.model.training else "eval"]["sampling/corrected_fraction"].append(
+                corrected_fraction(batch)
+            )
+        return batch
 
     def _prepare_inputs(self, generation_batch):
         if not self.model.training or self.num_iterations != 1:
@@ -185,6 +213,18 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
             and not self._entropy_bonus_enabled
             and not self.aux_loss_enabled
         )
+
+
+def corrected_fraction(batch: dict[str, Any]) -> float:
+    """The share of loss tokens whose importance-sampling ratio TRL masked or truncated: those where
+    its ratio differs from exp(log p_train − log p_sampler), computed as TRL computes it."""
+    mask = batch["completion_mask"] * batch.get("tool_mask", 1)
+    diff = torch.nan_to_num((batch["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask, nan=0.0)
+    ratio = batch["importance_sampling_ratio"]
+    if ratio.shape[1] == 1:  # one ratio per sequence
+        diff = diff.sum(-1, keepdim=True)
+    corrected = (ratio != diff.exp()).expand_as(mask)
+    return (corrected[mask.bool()].float().mean().nan_to_num(0.0)).item()
 
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
@@ -353,6 +393,9 @@ LOGGED = {
     "grad_norm": "grad_norm",
     "reward_std": "reward_std",
     "frac_reward_zero_std": "frac_reward_zero_std",
+    "sampling/sampling_logp_difference/mean": "logp_gap",
+    "sampling/sampling_logp_difference/max": "logp_gap_max",
+    "sampling/corrected_fraction": "is_corrected_fraction",
 }
 
 
