@@ -3,6 +3,7 @@
     start_ray(recipe)                       connect to the recipe's cluster, or start a local one
     slots(resources)                        how many workers needing these resources fit at once
     run_in_slots(queue, slots, start, wait_one)   the queue in order, never more than `slots` at once
+    StatusLines()                           the driver's one line per running job, live or piped
 
 The teachers (one cell per worker) and the benchmark (one model × cell per worker) share them.
 """
@@ -10,9 +11,13 @@ The teachers (one cell per worker) and the benchmark (one model × cell per work
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 
 import ray
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
 
 def start_ray(recipe) -> bool:
@@ -55,3 +60,56 @@ def run_in_slots(
             start(item)
             running.add(item)
         running.remove(wait_one())
+
+
+class StatusLines:
+    """One status line per running job, shown by a driver that polls its jobs.
+
+    On a terminal the lines are redrawn in place (rich Live). Piped to a file, a job's line is
+    printed again only once it has changed and `every` seconds have passed since its last one, so
+    the log is plain lines: no carriage returns, no cursor moves, no colours. A finished job's
+    summary is printed once, above the live lines.
+    """
+
+    def __init__(
+        self, console: Console | None = None, every: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ):
+        self.console = console or Console(stderr=True)
+        self.every, self.clock = every, clock
+        self.lines: dict[str, str] = {}
+        self.printed: dict[str, tuple[str, float]] = {}  # job -> (line, when), piped output only
+        self.live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
+
+    def __enter__(self) -> StatusLines:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self.live.stop()
+
+    def update(self, job: str, line: str) -> None:
+        self.lines[job] = line
+        if self.live:
+            self.redraw()
+            return
+        last = self.printed.get(job)
+        now = self.clock()
+        if last is None or (line != last[0] and now - last[1] >= self.every):
+            self.print(line)
+            self.printed[job] = (line, now)
+
+    def finish(self, job: str, summary: str) -> None:
+        self.lines.pop(job, None)
+        self.printed.pop(job, None)
+        self.print(summary)
+        if self.live:
+            self.redraw()
+
+    def redraw(self) -> None:
+        lines = (Text(line, no_wrap=True, overflow="ellipsis") for line in self.lines.values())
+        self.live.update(Group(*lines), refresh=True)
+
+    def print(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -1,13 +1,17 @@
-"""Teacher scheduling: the longest teacher starts first, and no more run at once than the cluster fits."""
+"""Teacher scheduling: the longest teacher starts first, and no more run at once than the cluster fits;
+the driver shows each running teacher's progress, live on a terminal and as plain lines in a file."""
 
+import io
+import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import mopd.cluster
-from mopd.cluster import run_in_slots
+from mopd.cluster import StatusLines, run_in_slots
 from mopd.recipe import Resources, load_recipe, load_teacher_specs
-from mopd.rl.teachers import TeacherProgress, expected_cost, longest_first, teacher_slots
+from mopd.rl.teachers import expected_cost, longest_first, progress_line, summary_line, teacher_slots
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,9 +117,62 @@ def test_slots_are_what_the_cluster_fits_of_the_hungriest_spec(tiny, monkeypatch
     assert teacher_slots([two_cpus]) == 1  # never zero: Ray queues it until the cluster grows
 
 
-def test_queued_teachers_say_so(tmp_path):
-    progress = TeacherProgress({"code-max": 12, "general-low": 40}, tmp_path)
-    progress.start_task(progress.lines["code-max"])
-    progress.show({"code-max"})
-    descriptions = {cell: progress.tasks[line].description for cell, line in progress.lines.items()}
-    assert descriptions == {"code-max": "starting", "general-low": "queued"}
+def metrics(rewards, seconds=(2.0, 0.5, 1.5)):
+    generate, verify, train = seconds
+    return [
+        {"step": step, "reward": reward, "time_generate": generate, "time_verify": verify, "time_train": train}
+        for step, reward in enumerate(rewards, start=1)
+    ]
+
+
+def test_a_teacher_line_says_step_reward_and_seconds_per_step():
+    assert progress_line("code-max", 40, []) == "code-max      starting"
+    line = progress_line("code-max", 40, metrics([0.1, 0.25, 0.4125]))
+    assert line == "code-max      step 3/40  reward 0.412  4.0 s/step"
+    held_out = {"base": {"reward": 0.38}, "teacher": {"reward": 0.52}, "margin": 0.14}
+    summary = summary_line("code-max", metrics([0.21, 0.3, 0.48]), 611.6, held_out)
+    assert summary == "code-max      done: 3 steps  reward 0.210 → 0.480  612 s  held-out 0.38 → 0.52"
+    assert summary_line("agent-low", [], 3.2, {}) == "agent-low     done: no steps  3 s"
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_piped_progress_is_plain_lines_at_most_every_30_seconds():
+    out, clock = io.StringIO(), FakeClock()
+    with StatusLines(Console(file=out, width=40), every=30.0, clock=clock) as status:  # a pipe: not a terminal
+        status.update("code-max", progress_line("code-max", 40, []))
+        for step in range(1, 5):
+            clock.now += 20.0  # a step every 20 s
+            status.update("code-max", progress_line("code-max", 40, metrics([0.5] * step)))
+            status.update("general-low", progress_line("general-low", 8, metrics([0.25] * step)))
+        status.finish("code-max", summary_line("code-max", metrics([0.5] * 4), 80.0, {}))
+    text = out.getvalue()
+    assert text.splitlines() == [
+        "code-max      starting",
+        "general-low   step 1/8  reward 0.250  4.0 s/step",
+        "code-max      step 2/40  reward 0.500  4.0 s/step",  # 40 s after the last: printed
+        "general-low   step 3/8  reward 0.250  4.0 s/step",
+        "code-max      step 4/40  reward 0.500  4.0 s/step",
+        "code-max      done: 4 steps  reward 0.500 → 0.500  80 s",  # longer than the width: not wrapped
+    ]
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text)  # no \r, no escape codes
+
+
+def test_on_a_terminal_the_lines_are_redrawn_in_place():
+    out = io.StringIO()
+    with StatusLines(Console(file=out, force_terminal=True, width=80)) as status:
+        status.update("code-max", progress_line("code-max", 40, metrics([0.5])))
+        status.update("code-low", progress_line("code-low", 40, []))
+        status.update("code-max", progress_line("code-max", 40, metrics([0.5, 0.75])))
+        status.finish("code-low", "code-low      done: no steps  3 s")
+    text = out.getvalue()
+    assert "\x1b[1A" in text  # the cursor moves up: the live lines are rewritten, not appended
+    assert "code-low      done: no steps  3 s\n" in text
+    last_frame = text.rsplit("\x1b[2K", 1)[1]
+    assert "code-max      step 2/40  reward 0.750" in last_frame and "code-low" not in last_frame
