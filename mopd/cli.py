@@ -12,9 +12,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from mopd.recipe import RecipeError, load_recipe, load_teacher_specs
+from mopd.recipe import RecipeError, load_recipe
 
 USAGE_ERROR = 2
+DEGRADED_FLAG_HELP = "without a working bubblewrap, judge code in the weaker rlimit sandbox (labelled) instead of refusing"
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -22,12 +23,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mopd.distill.pair import PairError
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
+    from mopd.envs.sandbox import SandboxUnavailable
     from mopd.model.export import ExportError
     from mopd.pipeline import RunDirError
     from mopd.rollout.engine import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
-            RunDirError, ExportError, PairError)
+            RunDirError, ExportError, PairError, SandboxUnavailable)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -38,6 +40,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
+    if getattr(args, "allow_degraded_sandbox", False) and hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, "sandbox.allow_degraded=true"]
     return args
 
 
@@ -68,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", help="recipe YAML, e.g. recipes/tiny.yaml")
     run.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, e.g. distill.steps=10")
     run.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
+    run.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     run.set_defaults(func=cmd_run)
 
     teachers = sub.add_parser("teachers", help="train the recipe's teachers (all nine, or --only a subset)")
@@ -75,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     teachers.add_argument("overrides", nargs="*", help="KEY=VALUE overrides")
     teachers.add_argument("--only", help="comma-separated cells, e.g. code-max,general-low")
     teachers.add_argument("--out", help="run directory (default: <runs_dir>/<recipe name>)")
+    teachers.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     teachers.set_defaults(func=cmd_teachers)
 
     from mopd.bench.run import add_bench_parser
@@ -83,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_distill_parser(sub)
     add_bench_parser(sub)
 
-    check = sub.add_parser("validate", help="check a recipe and its teacher specs without running anything")
+    check = sub.add_parser("validate", help="check a recipe and every file it names (specs, suite, checkpoints), no work")
     check.add_argument("recipe")
     check.add_argument("overrides", nargs="*", help="KEY=VALUE overrides")
+    check.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     check.set_defaults(func=cmd_validate)
 
     export = sub.add_parser("export", help="write a checkpoint in an upstream layout")
@@ -97,19 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_teachers(args: argparse.Namespace) -> int:
+    from mopd.pipeline import code_sandbox
     from mopd.rl.teachers import train_teachers
 
     recipe = load_recipe(args.recipe, args.overrides)
     only = [cell.strip() for cell in args.only.split(",")] if args.only else None
+    if any(cell.startswith("code-") for cell in only or recipe.teachers.cells):
+        code_sandbox(recipe)  # refuses here without bwrap, before any teacher starts
     run_dir = Path(args.out) if args.out else Path(recipe.runs_dir) / recipe.name
     train_teachers(recipe, run_dir, only=only, recipe_dir=Path(args.recipe).parent)
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe, args.overrides)
-    specs = load_teacher_specs(recipe, Path(args.recipe).parent)
-    print(f"{args.recipe}: ok — recipe {recipe.name!r}, {len(specs)} teacher specs ({', '.join(specs)})")
+    from mopd.envs.sandbox import describe_backend
+    from mopd.pipeline import check_code_sandbox
+    from mopd.validate import check_recipe
+
+    recipe, specs = check_recipe(args.recipe, args.overrides)
+    sandbox = check_code_sandbox(recipe, Path(args.recipe).parent)
+    print(f"{args.recipe}: ok — recipe {recipe.name!r}, {len(specs)} teacher specs ({', '.join(specs)}), "
+          f"suite {recipe.bench.suite}")  # fmt: skip
+    if sandbox:
+        print(f"code will be judged in the {describe_backend(sandbox)}")
     return 0
 
 
@@ -123,9 +140,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mopd.pipeline import run_recipe
+    from mopd.validate import check_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
-    load_teacher_specs(recipe, Path(args.recipe).parent)
+    recipe, _ = check_recipe(args.recipe, args.overrides)  # every file it names, before any work
     run_recipe(recipe, out=args.out, recipe_dir=Path(args.recipe).parent)
     return 0
 

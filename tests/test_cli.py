@@ -10,6 +10,7 @@ from mopd.cli import main
 from mopd.recipe import CELLS, load_recipe, load_teacher_specs
 
 ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "recipes/tiny.yaml")
 
 
 def run_cli(*args: str) -> int:
@@ -105,3 +106,51 @@ def test_overrides_may_follow_options(tmp_path):
         parse(build_parser(), ["run", "recipes/tiny.yaml", "--out", str(tmp_path), "--nope"])
     with pytest.raises(SystemExit):  # `export` takes no overrides
         parse(build_parser(), ["export", "a", "b", "x=1"])
+
+
+def bad_checkpoints(root: Path) -> dict[str, Path]:
+    """Directories that are not checkpoints: missing, without config.json, with a broken one, not a K3 hybrid."""
+    (root / "empty").mkdir()
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text("{not json")
+    (root / "llama").mkdir()
+    (root / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    return {"missing": root / "missing", "empty": root / "empty", "broken": root / "broken", "llama": root / "llama"}
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "expected"),
+    [
+        ("bench.suite=eval/does_not_exist.yaml", "bench.suite", "eval/does_not_exist.yaml: no such file"),
+        ("teachers.spec_dir=no/such/specs", "teachers.spec_dir", "no/such/specs: no such directory"),
+        ("base.checkpoint={missing}", "base.checkpoint", "missing: no such checkpoint directory"),
+        ("distill.student={empty}", "distill.student", "empty: not a checkpoint (no config.json)"),
+        ("distill.teachers.code-max={broken}", "distill.teachers.code-max", "config.json is unreadable"),
+        ("teachers.code-max.init={llama}", "teachers.code-max.init", "model_type 'llama', expected 'k3_hybrid'"),
+        ("teachers.cells=[code-max]", "distill.mix.general-low", "cell general-low has no teacher"),
+        ("model.preset=huge", "model.preset", "unknown model preset 'huge'"),
+    ],
+    ids=["suite", "spec-dir", "base", "student", "teacher", "teacher-init", "mix-without-teacher", "preset"],
+)
+def test_validate_opens_every_file_the_recipe_names(tmp_path, capsys, override, field, expected):
+    override = override.format(**bad_checkpoints(tmp_path))
+    assert run_cli("validate", TINY, override) == 2
+    err = capsys.readouterr().err
+    assert f"mopd validate: error: {TINY}: field `{field}`: " in err and expected in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_spec_error_names_the_recipe_field_and_the_spec(tmp_path, capsys):
+    (tmp_path / "teachers").mkdir()
+    (tmp_path / "teachers" / "code-max.yaml").write_text("domain: code\neffort: max\n")
+    assert run_cli("validate", TINY, f"teachers.spec_dir={tmp_path / 'teachers'}") == 2
+    err = capsys.readouterr().err
+    assert f"{TINY}: field `teachers.spec_dir`: " in err and "general-low.yaml: no such file" in err
+
+
+def test_run_validates_before_any_work(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli("run", TINY, "--out", str(out), "bench.suite=eval/does_not_exist.yaml") == 2
+    err = capsys.readouterr().err
+    assert f"mopd run: error: {TINY}: field `bench.suite`: eval/does_not_exist.yaml: no such file" in err
+    assert "Traceback" not in err and not out.exists()

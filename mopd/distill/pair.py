@@ -4,21 +4,45 @@
     mopd distill --teacher PATH --student PATH --data tasks.jsonl --verifier general/exact --out DIR
 
 The teacher may be any HF causal LM that shares the student's tokenizer; the student is a K3
-hybrid checkpoint (it samples through the rollout engine). Prompts come from a domain's
-environment at one effort, or from a task file (see `mopd.envs.data.load_task_file`).
+hybrid checkpoint (it samples through the rollout engine, vLLM wherever it is installed). Prompts
+come from a domain's environment at one effort (its train split), or from a task file (see
+`mopd.envs.data.load_task_file`). The loss options and their defaults are the recipe's
+`DistillSpec`.
+
+Held out: with a domain, `eval_tasks` tasks of the cell's test split; with a task file, the rows
+whose content key (`mopd.envs.splits`) falls outside the train split, which are never trained on
+(up to `eval_tasks` of them are scored). After training, `eval.json` holds the mean held-out
+reward of the student before, the student after and the teacher (one sample per task, at the
+sampling temperature, the same seed for all three), and a paired 95% interval of after − before.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import sys
 from pathlib import Path
+from statistics import fmean, stdev
 from typing import Any
 
+from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec, default_effort_specs
-from mopd.recipe import CELLS, DistillSpec
+from mopd.recipe import CELLS, DistillSpec, ImportanceSpec, validate
+
+EVAL_TASKS = 32  # held-out tasks scored after a pair run (the recipe's stage scores none by default)
+Z95 = 1.959964  # two-sided 95% quantile of the normal distribution
 
 
 class PairError(ValueError):
-    """A pair-mode request that names no cell or an unknown one."""
+    """A pair-mode request that names no cell or an unknown one, or a task file with nothing to train on."""
+
+
+def default_backend() -> str:
+    """vLLM wherever it is installed; the HF backend only without it (and we say so)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    print("mopd distill: vLLM is not installed; sampling with the (slower) HF backend", file=sys.stderr)
+    return "hf"
 
 
 def distill_pair(
@@ -32,69 +56,197 @@ def distill_pair(
     verifier: str | None = None,
     efforts: dict[str, EffortSpec] | None = None,
     env_options: dict[str, dict] | None = None,
-    backend: str = "hf",
+    backend: str | None = None,
     seed: int = 0,
     progress: bool = True,
     **spec_fields: Any,
 ) -> Path:
-    """Distil `teacher` into `student` on one cell or a task file; returns the student checkpoint."""
+    """Distil `teacher` into `student` on one cell or a task file, then score the held-out tasks
+    (`out_dir/eval.json`, unless `eval_tasks=0` or none is held out); returns the student checkpoint."""
+    from mopd.artifacts import write_json_atomic
     from mopd.distill.trainer import train_mopd
+    from mopd.envs.sandbox import resolve_backend
 
-    tasks = None
+    backend = backend or default_backend()
+    efforts = efforts or default_effort_specs()
+    spec = validate(DistillSpec, {"teacher_actors": False, "eval_tasks": EVAL_TASKS, **spec_fields}, source="mopd distill")
+    train, held_out, cells = pair_tasks(domain, effort, data_file, verifier, env_options or {}, spec.eval_tasks, seed)
+    if any(cell.startswith("code-") for cell in cells):  # refuse before any model loads, not at the first verdict
+        code = (env_options or {}).get("code", {})
+        # a task file's code rows are judged by `mopd.envs.data`'s own env, without the opt-in
+        resolve_backend(code.get("backend", "auto"), code.get("allow_degraded", False) and data_file is None)
+    spec = spec.model_copy(update={"mix": dict.fromkeys(cells, 1.0)})
+    out_dir = Path(out_dir)
+    (out_dir / "eval.json").unlink(missing_ok=True)  # never left from an earlier run beside this one's student
+    final = train_mopd(
+        student, dict.fromkeys(cells, teacher), spec, out_dir,
+        efforts=efforts, env_options=env_options, tasks=train, backend=backend, seed=seed, progress=progress,
+    )  # fmt: skip
+    if held_out:
+        models = {"student_before": Path(student), "student_after": final, "teacher": Path(teacher)}
+        report = held_out_eval(models, held_out, cells, env_options or {}, efforts, backend, spec.temperature, seed)
+        write_json_atomic(out_dir / "eval.json", {"held_out": held_out_source(domain, effort, data_file), **report})
+    return final
+
+
+def pair_tasks(domain, effort, data_file, verifier, env_options, eval_tasks: int, seed: int):
+    """(train tasks or None to draw from the env, held-out tasks, cells) of a pair run."""
     if data_file is not None:
         from mopd.envs.data import load_task_file
+        from mopd.envs.splits import split_of
 
         tasks = load_task_file(data_file, verifier or domain or "general", effort or "high")
-        cells = sorted({f"{t.domain}-{t.effort}" for t in tasks})
-    else:
-        if domain is None or effort is None:
-            raise PairError("give --domain and --effort, or --data FILE")
-        cells = [f"{domain}-{effort}"]
-        if cells[0] not in CELLS:
-            raise PairError(f"unknown cell {cells[0]!r}; cells are {', '.join(CELLS)}")
-    spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), **{"teacher_actors": False, **spec_fields})
-    return train_mopd(
-        student, dict.fromkeys(cells, teacher), spec, out_dir,
-        efforts=efforts or default_effort_specs(), env_options=env_options, tasks=tasks,
-        backend=backend, seed=seed, progress=progress,
-    )  # fmt: skip
+        train = [t for t in tasks if split_of(t.meta["content_hash"]) == "train"]
+        if not train:
+            raise PairError(f"{data_file}: none of its {len(tasks)} rows falls in the train split (by content hash)")
+        held_out = [t for t in tasks if split_of(t.meta["content_hash"]) != "train"][:eval_tasks]
+        return train, held_out, sorted({f"{t.domain}-{t.effort}" for t in tasks})
+    if domain is None or effort is None:
+        raise PairError("give --domain and --effort, or --data FILE")
+    cell = f"{domain}-{effort}"
+    if cell not in CELLS:
+        raise PairError(f"unknown cell {cell!r}; cells are {', '.join(CELLS)}")
+    held_out = []
+    if eval_tasks:
+        from mopd.envs import get_env
+
+        held_out = get_env(domain, **env_options.get(domain, {})).sample(eval_tasks, seed, "test", effort)
+    return None, held_out, [cell]
+
+
+def held_out_source(domain, effort, data_file) -> str:
+    if data_file is not None:
+        return f"rows of {data_file} outside the train split"
+    return f"test split of {domain}-{effort}"
+
+
+# ----------------------------------------------------------------------------- held-out eval
+def held_out_eval(models: dict[str, Path], tasks: list[Task], cells, env_options, efforts, backend, temperature, seed) -> dict:
+    """Each model's mean reward on the same tasks and draws, and the paired interval of after − before."""
+    from mopd.bench.run import EngineCache
+    from mopd.distill.routing import build_route_table
+    from mopd.distill.trainer import envs_for
+    from mopd.rollout.engine import CheckpointError
+
+    envs = envs_for(build_route_table(dict.fromkeys(cells, 1.0), dict.fromkeys(cells, "")), env_options, tasks)
+    engines, rewards, out = EngineCache(backend), {}, {"tasks": len(tasks), "samples_per_task": 1, "temperature": temperature}
+    try:
+        for name, path in models.items():
+            try:
+                rewards[name] = task_rewards(engines.load(path), path, tasks, envs, efforts, temperature, seed)
+            except CheckpointError as err:  # a teacher that our engines cannot sample (not a K3 hybrid)
+                out[name] = {"skipped": str(err)}
+                continue
+            out[name] = {"reward": fmean(rewards[name])}
+    finally:
+        if engines.engine is not None:
+            engines.engine.close()
+    out["after_minus_before"] = paired_interval(rewards["student_after"], rewards["student_before"])
+    return out
+
+
+def task_rewards(engine, model_dir: Path, tasks, envs, efforts, temperature: float, seed: int) -> list[float]:
+    from transformers import AutoTokenizer
+
+    from mopd.rollout.episodes import run_rollouts
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    groups = run_rollouts(engine, tokenizer, envs, tasks, efforts, n=1, temperature=temperature, seed=seed)
+    return [fmean(r.reward for r in group) for group in groups]
+
+
+def paired_interval(after: list[float], before: list[float]) -> dict[str, float | None]:
+    """Mean of the per-task differences ± 1.96 standard errors (normal approximation; none for one task)."""
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    mean = fmean(diffs)
+    if len(diffs) < 2:
+        return {"mean": mean, "low": None, "high": None}
+    half = Z95 * stdev(diffs) / math.sqrt(len(diffs))
+    return {"mean": mean, "low": mean - half, "high": mean + half}
 
 
 # ----------------------------------------------------------------------------- command line
 def add_distill_parser(subparsers) -> None:
-    """`mopd distill`: the block the CLI adds with one call."""
+    """`mopd distill`: the block the CLI adds with one call. Training defaults are the recipe's (`DistillSpec`)."""
+    import argparse
+    from typing import get_args
+
+    recipe = DistillSpec()
     parser = subparsers.add_parser("distill", help="distil one teacher into one student (pair mode)")
     parser.add_argument("--teacher", required=True, help="teacher HF checkpoint (any causal LM with the student's tokenizer)")
     parser.add_argument("--student", required=True, help="student K3 hybrid checkpoint")
-    parser.add_argument("--out", required=True, help="output directory (model/, metrics.jsonl, checkpoints/)")
+    parser.add_argument("--out", required=True, help="output directory (model/, metrics.jsonl, checkpoints/, eval.json)")
     parser.add_argument("--domain", help="sample prompts from this domain's environment...")
     parser.add_argument("--effort", help="...at this effort (low, high, max)")
-    parser.add_argument("--data", help="or a JSONL/parquet task file")
+    parser.add_argument("--data", help="or a JSONL/parquet task file (rows outside the train split are held out)")
     parser.add_argument("--verifier", help="the task file's verifier (default: the domain, or general)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--prompts-per-step", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--steps", type=int, default=recipe.steps)
+    parser.add_argument("--prompts-per-step", type=int, default=recipe.prompts_per_step)
+    parser.add_argument("--learning-rate", type=float, default=recipe.learning_rate)
+    parser.add_argument(
+        "--full-vocab-kl", action=argparse.BooleanOptionalAction, default=recipe.full_vocab_kl,
+        help="exact reverse KL over the whole vocabulary instead of the sampled-token estimate",
+    )  # fmt: skip
+    parser.add_argument(
+        "--importance", choices=get_args(ImportanceSpec.model_fields["mode"].annotation), default=recipe.importance.mode,
+        help="sampler/trainer mismatch correction: icepop masks tokens whose ratio leaves [low, high], tis clips it",
+    )  # fmt: skip
+    parser.add_argument("--importance-low", type=float, default=recipe.importance.low)
+    parser.add_argument("--importance-high", type=float, default=recipe.importance.high)
+    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS, help="held-out tasks scored into eval.json; 0 skips")
+    parser.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm when installed)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned before any engine starts (default 1, as a stage's worker on one CPU)")
+    parser.add_argument(
+        "--allow-degraded-sandbox", action="store_true",
+        help="without a working bubblewrap, judge code in the weaker rlimit sandbox instead of refusing",
+    )  # fmt: skip
     parser.set_defaults(func=cmd_distill)
 
 
 def cmd_distill(args) -> int:
-    import sys
+    import torch
 
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
+    from mopd.recipe import RecipeError
 
+    torch.set_num_threads(args.threads)  # before any engine starts: vLLM's CPU worker pins its own afterwards
+    importance = {"mode": args.importance, "low": args.importance_low, "high": args.importance_high}
     try:
         final = distill_pair(
             args.teacher, args.student, args.out, domain=args.domain, effort=args.effort,
             data_file=args.data, verifier=args.verifier, backend=args.backend,
+            env_options={"code": {"allow_degraded": True}} if args.allow_degraded_sandbox else None,
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
+            full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks,
         )  # fmt: skip
-    except (PairError, RoutingError, TaskFileError) as err:
+    except (PairError, RoutingError, TaskFileError, RecipeError) as err:
         print(f"mopd distill: error: {err}", file=sys.stderr)
         return 2
     print(f"distilled student written to {final}")
+    print(eval_line(Path(args.out) / "eval.json", args.eval_tasks))
     return 0
+
+
+def eval_line(path: Path, eval_tasks: int) -> str:
+    """The three held-out numbers of eval.json, in one line."""
+    from mopd.artifacts import read_json
+
+    if not eval_tasks:
+        return "held-out eval skipped (--eval-tasks 0)"
+    report = read_json(path, default=None)
+    if report is None:
+        return "held-out eval skipped: no task is held out (every row of the task file is in the train split)"
+
+    def reward(name: str) -> str:
+        return f"{report[name]['reward']:.3f}" if "reward" in report[name] else "not scored"
+
+    diff = report["after_minus_before"]
+    interval = f", 95% CI {diff['low']:+.3f} to {diff['high']:+.3f}" if diff["low"] is not None else ""
+    return (
+        f"held-out reward on {report['tasks']} tasks ({report['held_out']}): student before {reward('student_before')}, "
+        f"after {reward('student_after')} (after − before {diff['mean']:+.3f}{interval}), teacher {reward('teacher')}; {path}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,127 @@
+"""`mopd validate`: the recipe and every file it names, opened and parsed before any work.
+
+    recipe       schema, overrides                          (mopd.recipe.load_recipe)
+    teachers     the spec directory, each cell's spec, each spec's `init` checkpoint
+    model        the preset and its overrides build a config (when the base is trained)
+    checkpoints  base.checkpoint, distill.student, distill.teachers.*: a directory with a readable config.json
+    distill      every cell of the mix has a teacher
+    bench        the suite loads as `mopd bench` loads it, its envs build with the recipe's options
+
+`mopd run` calls `check_recipe` first, so a run never stops mid-way on a file the recipe names.
+Every mistake is one `RecipeError` naming the recipe file and the field:
+
+    recipes/x.yaml: field `bench.suite`: eval/does_not_exist.yaml: no such file
+
+No weights are loaded: a checkpoint's config.json is parsed, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mopd.recipe import Recipe, RecipeError, TeacherSpec, load_recipe, load_teacher_specs, resolve_path
+
+K3_MODEL_TYPE = "k3_hybrid"  # the student and every model our rollout engine samples
+
+
+def check_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, dict[str, TeacherSpec]]:
+    """Load the recipe and check everything `mopd run` reads from it; returns the recipe and its teacher specs."""
+    recipe = load_recipe(path, overrides)
+    recipe_dir = Path(path).parent
+    specs = check_teachers(recipe, path, recipe_dir)
+    check_model(recipe, path)
+    check_checkpoints(recipe, path)
+    check_distill_routes(recipe, path)
+    check_bench_suite(recipe, path, recipe_dir)
+    return recipe, specs
+
+
+def fail(recipe_path: str | Path, field: str, problem: str) -> RecipeError:
+    return RecipeError(f"{recipe_path}: field `{field}`: {problem}")
+
+
+# ----------------------------------------------------------------------------- teachers
+def check_teachers(recipe: Recipe, path: str | Path, recipe_dir: Path) -> dict[str, TeacherSpec]:
+    spec_dir = resolve_path(recipe.teachers.spec_dir, recipe_dir)
+    if not spec_dir.is_dir():
+        raise fail(path, "teachers.spec_dir", f"{recipe.teachers.spec_dir}: no such directory")
+    try:
+        specs = load_teacher_specs(recipe, recipe_dir)
+    except RecipeError as err:
+        raise fail(path, "teachers.spec_dir", str(err)) from None
+    for cell, spec in specs.items():
+        if spec.init != "base":
+            check_checkpoint(path, f"teachers.{cell}.init", spec.init, resolve_path(spec.init, None), k3=True)
+    return specs
+
+
+# ----------------------------------------------------------------------------- model and checkpoints
+def check_model(recipe: Recipe, path: str | Path) -> None:
+    """The base stage builds its model from the preset; a bad preset would stop it after data generation."""
+    if recipe.base.checkpoint is not None:
+        return
+    from mopd.model.config import preset_config
+
+    try:
+        preset_config(recipe.model.preset, **recipe.model.overrides)
+    except KeyError as err:
+        raise fail(path, "model.preset", err.args[0]) from None
+    except (TypeError, ValueError) as err:
+        raise fail(path, "model.overrides", str(err)) from None
+
+
+def check_checkpoints(recipe: Recipe, path: str | Path) -> None:
+    """Checkpoints the recipe names; paths as the stages open them (relative to the working directory)."""
+    if recipe.base.checkpoint is not None:
+        check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint), k3=True)
+    if recipe.distill.student is not None:
+        check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student), k3=True)
+    for cell, teacher in recipe.distill.teachers.items():
+        # a teacher may be any causal LM sharing the student's tokenizer
+        check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher), k3=False)
+
+
+def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path, k3: bool) -> None:
+    if not directory.is_dir():
+        raise fail(recipe_path, field, f"{given}: no such checkpoint directory")
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise fail(recipe_path, field, f"{given}: not a checkpoint (no config.json)")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise fail(recipe_path, field, f"{given}: config.json is unreadable ({err})") from None
+    if not isinstance(config, dict):
+        raise fail(recipe_path, field, f"{given}: config.json is not a JSON object")
+    if k3 and config.get("model_type") != K3_MODEL_TYPE:
+        raise fail(
+            recipe_path, field,
+            f"{given}: config.json has model_type {config.get('model_type')!r}, expected {K3_MODEL_TYPE!r} (a K3 hybrid)",
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- distill
+def check_distill_routes(recipe: Recipe, path: str | Path) -> None:
+    """Each cell the student distils from needs a teacher: trained by the run, or named in distill.teachers."""
+    trained = set(recipe.teachers.cells)
+    for cell, weight in recipe.distill.mix.items():
+        if weight > 0 and cell not in trained and cell not in recipe.distill.teachers:
+            raise fail(
+                path, f"distill.mix.{cell}",
+                f"cell {cell} has no teacher: it is not in teachers.cells and distill.teachers names no checkpoint for it",
+            )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- bench
+def check_bench_suite(recipe: Recipe, path: str | Path, recipe_dir: Path) -> None:
+    """The suite as the bench stage loads it, its envs built with the recipe's options on top."""
+    from mopd.bench.suite import close, load_suite, make_env
+
+    suite_path = resolve_path(recipe.bench.suite, recipe_dir)
+    try:
+        suite = load_suite(suite_path)
+        for domain in suite.domains:
+            close(make_env(suite, domain, recipe.env_options(domain), source=recipe.bench.suite))
+    except RecipeError as err:
+        raise fail(path, "bench.suite", str(err)) from None
