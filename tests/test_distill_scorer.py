@@ -1,6 +1,8 @@
 """Teacher scoring: prefill-only log-probs of the student's exact tokens, locally and as Ray actors."""
 
 import warnings
+import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,3 +138,112 @@ def test_ray_actor_pool_routes_each_sample_to_its_teacher(teachers):
         owner = "b" if cell == "general-high" else "a"
         (expected,) = local[owner].score([prompt], [completion])
         torch.testing.assert_close(scores.logprobs, expected.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def four_teachers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("four_teachers")
+    for seed in range(4):
+        torch.manual_seed(100 + seed)
+        K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=1024)).save_pretrained(root / str(seed))
+    cells = ["general-low", "general-high", "code-low", "agent-max"]
+    return build_route_table(dict.fromkeys(cells, 1.0), {cell: root / str(i) for i, cell in enumerate(cells)})
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_a_capped_pool_scores_exactly_as_all_resident_loading_each_teacher_once_a_step(four_teachers, cap, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    table = four_teachers
+    cells = list(table.routes)
+    steps = [  # interleaved cells: a pool that followed sample order would reload teachers within a step
+        [cells[i] for i in (0, 1, 2, 3, 0, 2, 1, 3, 0)],
+        [cells[i] for i in (3, 1, 0, 3, 1, 0)],  # the last step's resident teachers first, then the others
+    ]
+    requested = [requests(1024, [(3 + i % 4, 2 + i % 5) for i in range(len(s))], seed=k) for k, s in enumerate(steps)]
+    uncapped = TeacherPool(table, use_ray=False)
+    expected = [uncapped.score(s, *r, top_k=2, full=True) for s, r in zip(steps, requested)]
+
+    loads, live, resident_while_scoring = [], weakref.WeakSet(), []
+    from_pretrained, score = AutoModelForCausalLM.from_pretrained, TeacherScorer.score
+
+    def counting_load(checkpoint, **kwargs):
+        model = from_pretrained(checkpoint, **kwargs)
+        loads.append(str(checkpoint))
+        live.add(model)
+        return model
+
+    def counting_score(self, *args, **kwargs):  # no gc.collect(): an evicted teacher must be freed at once
+        resident_while_scoring.append(len(live))
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counting_load)
+    monkeypatch.setattr(TeacherScorer, "score", counting_score)
+    pool = TeacherPool(table, use_ray=False, max_resident=cap)
+    assert len(loads) == cap
+    for step, (step_cells, (prompts, completions)) in enumerate(zip(steps, requested)):
+        resident_before, loads_before = list(pool.resident), len(loads)
+        got = pool.score(step_cells, prompts, completions, top_k=2, full=True)
+        for g, e in zip(got, expected[step]):
+            assert torch.equal(g.logprobs, e.logprobs) and torch.equal(g.full_logprobs, e.full_logprobs)
+            assert torch.equal(g.topk_ids, e.topk_ids) and torch.equal(g.topk_logprobs, e.topk_logprobs)
+        step_loads = loads[loads_before:]
+        assert len(step_loads) == len(set(step_loads))  # each teacher loaded at most once a step
+        needed = {str(table.teacher_for(c)) for c in step_cells}
+        assert set(step_loads) == needed - {str(p) for p in resident_before}  # resident teachers were not reloaded
+    assert max(resident_while_scoring) == cap  # never more than `cap` modules alive
+    assert pool.loads == len(loads) - cap
+
+
+def test_a_pool_refuses_a_cap_below_one_and_an_offloaded_scorer_refuses_to_score(four_teachers):
+    with pytest.raises(ValueError, match="max_resident teachers must be at least 1, got 0"):
+        TeacherPool(four_teachers, use_ray=False, max_resident=0)
+    scorer = TeacherScorer(next(iter(four_teachers.teachers)), load=False)
+    with pytest.raises(RuntimeError, match="is offloaded: load"):
+        scorer.score([[5]], [[6]])
+    scorer.load()
+    (first,) = scorer.score([[5, 7]], [[6, 8]])
+    scorer.offload()
+    assert scorer.model is None and not scorer.resident  # on CPU the module is dropped, re-read on load
+    scorer.load()
+    assert torch.equal(scorer.score([[5, 7]], [[6, 8]])[0].logprobs, first.logprobs)
+
+
+def test_the_trainer_scores_with_at_most_max_resident_teachers_loaded(tmp_path, tiny_tokenizer, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from mopd.distill.fakes import seeded_copy
+    from mopd.distill.trainer import train_mopd
+    from mopd.envs.effort import EffortSpec
+    from mopd.recipe import DistillSpec
+
+    torch.manual_seed(0)
+    K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tiny_tokenizer))).save_pretrained(tmp_path / "s")
+    tiny_tokenizer.save_pretrained(tmp_path / "s")
+    cells = ["general-low", "general-high", "general-max"]
+    teachers = {cell: seeded_copy(tmp_path / "s", tmp_path / cell, seed=i + 1) for i, cell in enumerate(cells)}
+    loaded, from_pretrained = [], AutoModelForCausalLM.from_pretrained
+
+    def track(checkpoint, **kwargs):
+        model = from_pretrained(checkpoint, **kwargs)
+        if Path(checkpoint) in {path.resolve() for path in teachers.values()}:
+            loaded.append(weakref.ref(model))
+        return model
+
+    def resident_teachers() -> int:
+        return sum(ref() is not None for ref in loaded)
+
+    score, resident_while_scoring = TeacherScorer.score, []
+
+    def counting_score(self, *args, **kwargs):
+        resident_while_scoring.append(resident_teachers())
+        return score(self, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", track)
+    monkeypatch.setattr(TeacherScorer, "score", counting_score)
+    spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), steps=1, prompts_per_step=6, teacher_actors=False, max_resident_teachers=1)
+    short = {e: EffortSpec(budget_tokens=4, answer_tokens=4) for e in ("low", "high", "max")}
+    easy = {"general": {"families": ["add"], "add_digits": [1, 1]}}
+    train_mopd(tmp_path / "s", teachers, spec, tmp_path / "out", efforts=short, env_options=easy, backend="hf", progress=False)
+    assert len(resident_while_scoring) == 3 and max(resident_while_scoring) == 1  # three teachers, one loaded at a time
+    assert len(loaded) == 3

@@ -1,4 +1,4 @@
-"""Teacher scorers: each teacher's model loaded once, scoring the student's exact token ids.
+"""Teacher scorers: each teacher's model scoring the student's exact token ids.
 
 `score` is one prefill over prompt + completion (no generation, no re-tokenisation) at
 temperature 1, returning per completion token the log-prob of the token the student sampled,
@@ -11,7 +11,12 @@ positions at a time, so no [B, T, V] tensor exists. Only `full` keeps [T, V] per
 warns when that exceeds 1 GiB in a call.
 
 `TeacherPool` runs one scorer per distinct teacher checkpoint, as Ray actors by default (teachers
-score in parallel, each in its own process) or in-process for small local runs.
+score in parallel, each in its own process) or in-process for small local runs. With
+`max_resident` it keeps at most that many teachers' weights loaded at once, an LRU: a step's
+requests are grouped by teacher, the resident teachers score first, and each other teacher is
+loaded (evicting the least recently used) once for its whole group, so a step loads a teacher at
+most once. With a cap, the teachers past the first `max_resident` are first loaded (and their
+logits checked) when a step first needs them.
 """
 
 from __future__ import annotations
@@ -39,24 +44,49 @@ class TeacherScorer:
 
     def __init__(
         self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0,
-        device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20,
+        device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20, load: bool = True,
     ):  # fmt: skip
+        if threads:
+            torch.set_num_threads(threads)
+        self.checkpoint = str(checkpoint)
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device(device)
+        self.max_batch_tokens = max_batch_tokens
+        self.logits_chunk_bytes = logits_chunk_bytes
+        self.model = None
+        self.resident = False
+        self.tokens_scored = 0
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        """Puts the weights on the device: read from the checkpoint, or moved back from CPU memory after `offload`."""
+        if self.model is None:
+            self.read_checkpoint()
+        self.model.to(self.device)
+        self.resident = True
+
+    def offload(self) -> None:
+        # On a GPU the weights wait in CPU memory (a host-to-device copy brings them back); on CPU that
+        # would free nothing, so the module is dropped and `load` re-reads the checkpoint, already on disk.
+        if self.device.type == "cpu":
+            self.model = self.body = self.head = None
+        else:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self.resident = False
+
+    def read_checkpoint(self) -> None:
         from transformers import AutoModelForCausalLM
 
         import mopd.model  # noqa: F401  (registers the K3 hybrid with the Auto classes)
 
-        if threads:
-            torch.set_num_threads(threads)
-        self.checkpoint = str(checkpoint)
-        self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval().to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=self.dtype).eval().to(self.device)
         self.body, self.head = self.model.get_decoder(), self.model.get_output_embeddings()
         self.vocab_size = self.head.weight.shape[0]
         self.check_logits_are_head_of_body()
         self.pad_id = self.model.config.pad_token_id or 0
-        self.max_batch_tokens = max_batch_tokens
-        self.chunk_tokens = max(1, logits_chunk_bytes // (4 * self.vocab_size))
-        self.tokens_scored = 0
+        self.chunk_tokens = max(1, self.logits_chunk_bytes // (4 * self.vocab_size))
 
     @torch.inference_mode()
     def check_logits_are_head_of_body(self) -> None:
@@ -75,6 +105,8 @@ class TeacherScorer:
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
     ) -> list[TeacherScores]:
         check_requests(prompt_ids, completion_ids)
+        if not self.resident:
+            raise RuntimeError(f"teacher {self.checkpoint} is offloaded: load() it before scoring")
         if full:
             warn_if_full_is_large(sum(len(c) for c in completion_ids), self.vocab_size)
         sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
@@ -148,14 +180,21 @@ def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[li
 
 
 class TeacherPool:
-    """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher."""
+    """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher.
+    At most `max_resident` teachers hold their weights at once (null: all of them)."""
 
     def __init__(
         self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1,
-        ray_address: str | None = None,
+        ray_address: str | None = None, max_resident: int | None = None,
     ):  # fmt: skip
+        if max_resident is not None and max_resident < 1:
+            raise ValueError(f"max_resident teachers must be at least 1, got {max_resident}")
         self.table = table
         self.use_ray = use_ray
+        paths = list(table.teachers)
+        self.max_resident = min(max_resident or len(paths), len(paths))
+        self.resident = paths[: self.max_resident]  # least recently used first
+        self.loads = 0
         if use_ray:
             import ray
 
@@ -163,33 +202,47 @@ class TeacherPool:
                 ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
             device = "cuda" if num_gpus > 0 else "cpu"
-            self.scorers = {path: actor.remote(path, threads=threads, device=device) for path in table.teachers}
+            self.scorers = {
+                path: actor.remote(path, threads=threads, device=device, load=path in self.resident) for path in paths
+            }
         else:
             device = "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
-            self.scorers = {path: TeacherScorer(path, device=device) for path in table.teachers}
+            self.scorers = {path: TeacherScorer(path, device=device, load=path in self.resident) for path in paths}
 
     def score(
         self, cells: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
     ) -> list[TeacherScores]:
-        """Scores in the order of the samples; all teachers work at once when they are actors."""
+        """Scores in the order of the samples; all resident teachers work at once when they are actors."""
         by_teacher: dict[Path, list[int]] = {}
         for i, cell in enumerate(cells):
             by_teacher.setdefault(self.table.teacher_for(cell), []).append(i)
-        pending = {
-            path: self._call(path, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], top_k, full)
-            for path, rows in by_teacher.items()
-        }
+        pending = {}
+        for path in sorted(by_teacher, key=lambda path: path not in self.resident):
+            self.make_resident(path)
+            rows = by_teacher[path]
+            pending[path] = self._call(path, "score", [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], top_k, full)
         results: list[TeacherScores | None] = [None] * len(cells)
         for path, rows in by_teacher.items():
             for i, scores in zip(rows, self._result(pending[path])):
                 results[i] = scores
         return results  # type: ignore[return-value]
 
-    def _call(self, path, prompts, completions, top_k, full):
+    def make_resident(self, path: Path) -> None:
+        """Marks `path` most recently used, loading it after evicting the least recently used if the pool is full."""
+        if path in self.resident:
+            self.resident.remove(path)
+        else:
+            while len(self.resident) >= self.max_resident:
+                self._result(self._call(self.resident.pop(0), "offload"))  # waits for its scoring to finish
+            self._result(self._call(path, "load"))  # an actor's failed load raises here, not as "offloaded" later
+            self.loads += 1
+        self.resident.append(path)
+
+    def _call(self, path, method, *args):
         scorer = self.scorers[path]
         if self.use_ray:
-            return scorer.score.remote(prompts, completions, top_k, full)
-        return scorer.score(prompts, completions, top_k, full)
+            return getattr(scorer, method).remote(*args)
+        return getattr(scorer, method)(*args)
 
     def _result(self, pending):
         if self.use_ray:
