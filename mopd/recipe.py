@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mopd.envs import check_env_options
 from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.effort import EffortSpec, default_effort_specs
 
@@ -88,11 +89,27 @@ class TeacherSpec(Strict):
     skip_zero_advantage: bool = Field(
         True, description="train only on rollouts with a non-zero advantage (the same gradient, where the loss allows)"
     )
+    importance_sampling: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate", "none"] = Field(
+        "sequence_mask", description="TRL's correction for the sampler/trainer log-prob gap (its default); none: off"
+    )
+    importance_sampling_cap: float = Field(
+        3.0, gt=0, description="sampler/trainer probability ratio above which *_mask drops and *_truncate clips"
+    )
     checkpoint_every: int = Field(5, gt=0)
     resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
     max_restarts: int = Field(2, ge=0, description="times Ray restarts a teacher's dead actor and retries the cell (from its last checkpoint)")
     eval_tasks: int = Field(32, ge=0, description="held-out tasks scored for base vs teacher; 0 skips")
     eval_samples: int = Field(2, gt=0, description="samples per held-out task")
+
+    @model_validator(mode="after")
+    def _sampler_log_probs_match_the_temperature(self) -> TeacherSpec:
+        # The engines report log-probs of the policy at temperature 1; TRL's trainer scores at the spec's.
+        if self.importance_sampling != "none" and self.temperature != 1.0:
+            raise ValueError(
+                f"importance_sampling: {self.importance_sampling} compares the sampler's temperature-1 log-probs "
+                f"with the trainer's at temperature {self.temperature}; use temperature: 1.0 or importance_sampling: none"
+            )
+        return self
 
     @property
     def cell(self) -> str:
@@ -131,10 +148,12 @@ class DistillSpec(Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     temperature: float = Field(1.0, gt=0, description="student sampling; teachers always score at 1")
     importance: ImportanceSpec = Field(default_factory=ImportanceSpec)
-    full_vocab_kl: bool = False
+    full_vocab_kl: bool = Field(
+        True, description="exact reverse KL over the vocabulary (held-out KL 0.047 vs 0.063 for the sampled-token loss at the same speed, tiny pair); keeps [T, V] teacher log-probs per sequence, so large vocabularies turn it off"
+    )
     orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
-    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind")
+    max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind; 0: synchronous, ≥ 1: the next step samples while this one trains (one step off, lag ≤ 1); a staler sample is an error")
     micro_batch_tokens: int | None = Field(
         None, gt=0, description="padded tokens per train micro-batch, rollouts sorted by length; null: one batch"
     )
@@ -142,6 +161,10 @@ class DistillSpec(Strict):
     teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
     teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")
     teacher_num_gpus: float = Field(0.0, ge=0, description="GPUs per teacher actor (used when the recipe runs on cuda)")
+    max_resident_teachers: int | None = Field(
+        None, gt=0, description="teachers whose weights are loaded at once (LRU; the rest in CPU memory, or on disk on CPU); null: all"
+    )
+    trainer_workers: int = Field(1, ge=1, description="FSDP2 ranks the student trains on, one Ray actor each (and a GPU on cuda); 1: in-process")
     eval_tasks: int = Field(0, ge=0, description="held-out tasks per cell scored for student and teacher (eval.json)")
 
     @model_validator(mode="after")
@@ -156,13 +179,19 @@ class DistillSpec(Strict):
 class BenchSpec(Strict):
     """The `bench` stage: the run's base, teachers (each on its own cell) and student on a suite."""
 
-    suite: str = Field("eval/tiny.yaml", description="benchmark suite YAML (held-out seeds, domains, efforts)")
+    suite: str = Field("eval/tiny.yaml", description="benchmark suite YAML (its split, seeds, domains, efforts)")
     n: int | None = Field(None, gt=0, description="tasks per cell and seed; null = the suite's")
     samples: int | None = Field(None, gt=0, description="samples per task (k of mean@k / pass@k); null = the suite's")
     temperature: float | None = Field(None, ge=0, description="null = the suite's")
     backend: Literal["vllm", "hf"] | None = Field(None, description="rollout engine; null = the recipe's `rollout`")
     workers: int = Field(1, ge=1, description="engines answering (model, cell) jobs at once, one Ray actor each")
     resources: Resources = Field(default_factory=Resources, description="what each worker holds (threads = num_cpus)")
+
+
+class SandboxSpec(Strict):
+    allow_degraded: bool = Field(
+        False, description="without a working bubblewrap, judge code in the weaker rlimit sandbox (labelled) instead of refusing"
+    )
 
 
 class RaySpec(Strict):
@@ -184,6 +213,14 @@ class Recipe(Strict):
     teachers: TeachersSpec = Field(default_factory=TeachersSpec)
     distill: DistillSpec = Field(default_factory=DistillSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+
+    @field_validator("envs")
+    @classmethod
+    def _env_options_exist(cls, envs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for domain, options in envs.items():
+            check_env_options(domain, options)
+        return envs
 
     @model_validator(mode="after")
     def _every_effort_has_a_budget(self) -> Recipe:
@@ -191,6 +228,13 @@ class Recipe(Strict):
         if missing:
             raise ValueError(f"efforts: missing {missing}; each of {list(EFFORTS)} needs a budget")
         return self
+
+    def env_options(self, domain: str) -> dict[str, Any]:
+        """Keyword options of the domain's env: `envs.<domain>`, and for code the sandbox opt-in."""
+        options = dict(self.envs.get(domain, {}))
+        if domain == "code" and self.sandbox.allow_degraded:
+            options["allow_degraded"] = True
+        return options
 
 
 # ----------------------------------------------------------------------------- loading
