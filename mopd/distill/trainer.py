@@ -9,8 +9,20 @@
         optimizer step, MoE bias update, engine.update_weights       the next batch is on-policy
         metrics per cell; a checkpoint every N steps (resume continues from the last one)
 
+With `distill.max_staleness` ≥ 1 sampling runs one step off (`mopd.distill.async_rollouts`): while
+step n scores and trains, a background thread samples step n+1 from the weights before step n's
+update, so those rollouts lag one policy version (the first step after a start or resume has no
+batch in flight and lags 0). The importance weights (`distill.importance`, IcePop/TIS) correct that
+gap, on every token of the sampled-token loss (`full_vocab_kl: false`); with the exact full-vocabulary
+KL (`full_vocab_kl: true`) the KL term is computed under the trainer's policy and the importance
+weights touch only the ORM term. Each step logs `lag/<k>` (rollouts k versions behind the trainer)
+and `is_out_of_bounds` (the share of tokens IcePop masks). `max_staleness: 0` is the synchronous loop.
+
 The stage (`run_distill`) reads the base and the nine teachers of a recipe run and writes the
-student to `<run>/distill/model`, with `metrics.jsonl` and `checkpoints/` beside it.
+student to `<run>/distill/model`, with `metrics.jsonl`, `checkpoints/` and `trained_on.txt` (the
+content keys of every step's prompts, updated before the step runs) beside it. With
+`distill.trainer_workers` > 1 the student trains sharded with FSDP2 across Ray workers
+(`mopd.distill.sharded`): the same step, the same checkpoints.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from tqdm import tqdm
 
 from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
 from mopd.base.sft import pack
+from mopd.distill.async_rollouts import RolloutProducer
 from mopd.distill.loss import (
     extrapolated_teacher,
     full_vocab_reverse_kl,
@@ -39,8 +52,9 @@ from mopd.distill.loss import (
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool, TeacherScores
 from mopd.envs import get_env
-from mopd.envs.base import Task
+from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
+from mopd.envs.splits import read_trained_on, task_keys, write_trained_on
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import Rollout, run_rollouts
@@ -65,8 +79,8 @@ def run_distill(ctx) -> None:
     }
     final = train_mopd(
         student, teachers, spec, ctx.dir,
-        efforts=recipe.efforts, env_options=recipe.envs, backend=recipe.rollout, seed=recipe.seed,
-        device=recipe.device, ray_address=recipe.ray.address,
+        efforts=recipe.efforts, env_options={d: recipe.env_options(d) for d in DOMAINS}, backend=recipe.rollout,
+        seed=recipe.seed, device=recipe.device, ray_address=recipe.ray.address,
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
@@ -78,7 +92,7 @@ def held_out_comparison(recipe, student: Path, teachers: Mapping[str, str | Path
     from mopd.rl.evaluate import evaluate_cell
 
     spec, out = recipe.distill, {}
-    envs = {d: get_env(d, **recipe.envs.get(d, {})) for d in {cell.split("-")[0] for cell in teachers}}
+    envs = {d: get_env(d, **recipe.env_options(d)) for d in {cell.split("-")[0] for cell in teachers}}
     for cell, teacher in teachers.items():
         domain, effort = cell.split("-")
         cell_spec = TeacherSpec(domain=domain, effort=effort, eval_tasks=spec.eval_tasks, eval_samples=1)
@@ -121,41 +135,59 @@ def train_mopd(
 
     start_step, start_dir = last_checkpoint(out_dir)
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
-    student = Student.load(start_dir or Path(student_dir), spec, reference_dir=Path(student_dir), device=device)
+    student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
     engine = create_engine(start_dir or student_dir, backend=backend)
     teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
-    teachers = TeacherPool(table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus, ray_address=ray_address)
+    teachers = TeacherPool(
+        table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
+        ray_address=ray_address, max_resident=spec.max_resident_teachers,
+    )  # fmt: skip
     source = task_source(table, spec, seed, env_options or {}, tasks)
     envs = envs_for(table, env_options or {}, tasks)
     log = MetricsLog(out_dir / "metrics.jsonl")
     log.resume_after(start_step)
+    trained_on = (read_trained_on(out_dir) or set()) if start_step else set()
 
+    def rollouts_of(step: int) -> list[Rollout]:
+        prompts = source(step)
+        trained_on.update(task_keys(prompts))
+        write_trained_on(out_dir, trained_on)
+        groups = run_rollouts(
+            engine, student.tokenizer, envs, prompts, efforts,
+            n=spec.samples_per_prompt, temperature=spec.temperature, seed=seed * 1_000_003 + step,
+        )  # fmt: skip
+        return [r for group in groups for r in group]
+
+    producer = RolloutProducer(rollouts_of, overlap=spec.max_staleness > 0)
     bar = tqdm(total=spec.steps, initial=start_step, desc="mopd", disable=not progress, dynamic_ncols=True)
     try:
         for step in range(start_step + 1, spec.steps + 1):
-            metrics = mopd_step(step, student, engine, teachers, source, envs, efforts, spec, seed, version_offset=start_step)
+            metrics = mopd_step(step, student, engine, teachers, producer, spec, version_offset=start_step)
             log.log(step, **metrics)
             bar.update(1)
             bar.set_postfix(kl=f"{metrics['reverse_kl']:.3f}", reward=f"{metrics['reward']:.2f}")
             if step % spec.checkpoint_every == 0 or step == spec.steps:
                 save_checkpoint(out_dir, step, student)
     finally:
+        producer.close()
         bar.close()
         teachers.close()
+        student.close()
     final = out_dir / "model"
     with atomic_dir(final) as tmp:
         student.save(tmp)
     return final
 
 
-def mopd_step(step, student, engine, teachers, source, envs, efforts, spec, seed, version_offset) -> dict:
+def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, version_offset) -> dict:
     clock = [time.perf_counter()]
-    groups = run_rollouts(
-        engine, student.tokenizer, envs, source(step), efforts,
-        n=spec.samples_per_prompt, temperature=spec.temperature, seed=seed * 1_000_003 + step,
-    )  # fmt: skip
-    rollouts = [r for group in groups for r in group]
+    rollouts = producer.take(step)
+    if step < spec.steps:
+        producer.start(step + 1)  # with overlap: sampled from the current weights while this step trains
+    # Too stale is refused, not re-sampled: the producer runs at most one step ahead, so a larger lag
+    # means the engine was updated behind the loop's back, which a re-sample would hide.
     check_staleness(rollouts, engine.policy_version, spec.max_staleness)
+    lags = [engine.policy_version - r.policy_version for r in rollouts]
     clock.append(time.perf_counter())
 
     cells = [cell_of(r.task) for r in rollouts]
@@ -165,14 +197,19 @@ def mopd_step(step, student, engine, teachers, source, envs, efforts, spec, seed
     metrics = student.train_step(rollouts, scores, cells)
     clock.append(time.perf_counter())
 
+    producer.wait()  # the engine must not be generating while its weights are replaced
+    clock.append(time.perf_counter())
     engine.update_weights(student.model.state_dict())
     clock.append(time.perf_counter())
-    phases = dict(zip(("sample", "score", "train", "weight_sync"), (b - a for a, b in itertools.pairwise(clock))))
+    names = ("sample", "score", "train", "rollout_wait", "weight_sync")
+    phases = dict(zip(names, (b - a for a, b in itertools.pairwise(clock))))
     return {
         **metrics,
         **{f"time/{name}": seconds for name, seconds in phases.items()},
+        "time/step": clock[-1] - clock[0],
         "teacher_tokens_per_s": metrics["tokens"] / max(phases["score"], 1e-9),
         "policy_version": version_offset + min(r.policy_version for r in rollouts),
+        **{f"lag/{lag}": lags.count(lag) for lag in range(max(lags) + 1)},
     }
 
 
@@ -240,6 +277,15 @@ class Batch:
         return Batch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
 
 
+def load_student(model_dir: Path, spec: DistillSpec, reference_dir: Path, device: str, ray_address: str | None):
+    """The in-process student, or with `trainer_workers` > 1 the one sharded across Ray workers."""
+    if spec.trainer_workers == 1:
+        return Student.load(model_dir, spec, reference_dir=reference_dir, device=device)
+    from mopd.distill.sharded import ShardedStudent  # it builds on this module's Student
+
+    return ShardedStudent.load(model_dir, spec, reference_dir=reference_dir, device=device, ray_address=ray_address)
+
+
 class Student:
     """The trained copy of the student: model, tokenizer, optimizer, and the MOPD train step."""
 
@@ -260,6 +306,12 @@ class Student:
         if spec.reward_scale != 1.0:  # ExOPD measures the teacher's gain against the initial student
             reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(device)
         return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""
 
     def save(self, path: Path) -> None:
         self.model.save_pretrained(path)
@@ -290,17 +342,7 @@ class Student:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
         self.optimizer.step()
         moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
-        _, out_of_bounds = importance_weights(
-            train_logprobs, full.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
-        )
-        return {
-            "loss": loss_sum,
-            "grad_norm": float(grad_norm),
-            **token_metrics(train_logprobs, full.rollout_logprobs, full.teacher_logprobs, full.mask, out_of_bounds),
-            **rollout_metrics(rollouts),
-            **per_cell_metrics(rollouts, cells, train_logprobs, full, spec),
-            **moe,
-        }
+        return {"loss": loss_sum, "grad_norm": float(grad_norm), **step_metrics(rollouts, cells, full, train_logprobs, spec), **moe}
 
     def micro_batch_loss(self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the MOPD loss averaged over the micro-batch's tokens, the trainer's log-probs [B, T])."""
@@ -391,6 +433,18 @@ def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
     }
 
 
+def step_metrics(rollouts, cells, full: Batch, train_logprobs: torch.Tensor, spec: DistillSpec) -> dict[str, float]:
+    """The step's token, rollout and per-cell metrics from the trainer's log-probs of every rollout."""
+    _, out_of_bounds = importance_weights(
+        train_logprobs, full.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
+    )
+    return {
+        **token_metrics(train_logprobs, full.rollout_logprobs, full.teacher_logprobs, full.mask, out_of_bounds),
+        **rollout_metrics(rollouts),
+        **per_cell_metrics(rollouts, cells, train_logprobs, full, spec),
+    }
+
+
 def per_cell_metrics(rollouts, cells, train_logprobs, batch: Batch, spec: DistillSpec) -> dict[str, float]:
     """`<cell>/<metric>` for every teacher key in the batch."""
     _, out_of_bounds = importance_weights(
@@ -413,7 +467,7 @@ def save_checkpoint(out_dir: Path, step: int, student: Student) -> Path:
     path = out_dir / "checkpoints" / f"step-{step:06d}"
     with atomic_dir(path) as tmp:
         student.save(tmp)
-        torch.save(student.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(student.optimizer_state(), tmp / "optimizer.pt")
         write_json_atomic(tmp / "trainer_state.json", {"step": step})
     for old in path.parent.glob("step-*"):
         if old != path:
