@@ -44,7 +44,7 @@ def server(tmp_path_factory, tiny_tokenizer):
     command += ["--host", "127.0.0.1", "--port", str(port)]  # loopback, a free port
     with log.open("w") as log_file:
         process = subprocess.Popen(
-            command, env={**os.environ, **env, "OMP_NUM_THREADS": "1"}, stdout=log_file, stderr=subprocess.STDOUT
+            command, env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT
         )
     try:
         wait_until_serving(process, port, log, timeout=300)
