@@ -43,8 +43,10 @@ def server(tmp_path_factory, tiny_tokenizer):
     env, command = readme_serve_command(path)
     command += ["--host", "127.0.0.1", "--port", str(port)]  # loopback, a free port
     with log.open("w") as log_file:
+        # vLLM's default log level: `mopd bench` (run earlier in the same pytest process) sets WARNING
+        defaults = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "INFO"}
         process = subprocess.Popen(
-            command, env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT
+            command, env={**os.environ, **env, **defaults}, stdout=log_file, stderr=subprocess.STDOUT
         )
     try:
         wait_until_serving(process, port, log, timeout=300)
