@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     run.set_defaults(func=cmd_run)
 
+    sweep = sub.add_parser("sweep", help="run a recipe once per pipeline seed and summarise its claims with intervals")
+    sweep.add_argument("recipe", help="recipe YAML, e.g. recipes/tiny.yaml")
+    sweep.add_argument("overrides", nargs="*", help="KEY=VALUE overrides applied to every seed")
+    sweep.add_argument("--seeds", default="0,1,2", help="comma-separated pipeline seeds (default: 0,1,2)")
+    sweep.add_argument("--out", help="sweep directory, one run per seed in seed-<s>/ (default: <runs_dir>/<name>-sweep)")
+    sweep.add_argument("--parallel", type=int, default=1, help="seeds run at once (on a Ray cluster); default 1")
+    sweep.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
+    sweep.set_defaults(func=cmd_sweep)
+
     teachers = sub.add_parser("teachers", help="train the recipe's teachers (all nine, or --only a subset)")
     teachers.add_argument("recipe")
     teachers.add_argument("overrides", nargs="*", help="KEY=VALUE overrides")
@@ -144,6 +153,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe, _ = check_recipe(args.recipe, args.overrides)  # every file it names, before any work
     run_recipe(recipe, out=args.out, recipe_dir=Path(args.recipe).parent)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from mopd.sweep import parse_seeds, run_sweep
+    from mopd.validate import check_recipe
+
+    seeds = parse_seeds(args.seeds)
+    if args.parallel < 1:
+        raise RecipeError(f"--parallel {args.parallel}: must be at least 1")
+    recipe, _ = check_recipe(args.recipe, [*args.overrides, f"seed={seeds[0]}"])  # every file it names, before any run
+    out = Path(args.out) if args.out else Path(recipe.runs_dir) / f"{recipe.name}-sweep"
+    run_sweep(args.recipe, seeds, out, args.overrides, parallel=args.parallel)
     return 0
 
 

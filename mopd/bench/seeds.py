@@ -1,0 +1,434 @@
+"""A recipe's claims over pipeline seeds: the runs of a sweep, aggregated with intervals.
+
+Every seed's bench stage scores the same suite, so the same test tasks, and every effort answers
+the same questions (`mopd.bench.suite`). A model's scores in a cell therefore form a seeds × tasks
+matrix, and two models' matrices are paired cell by cell: a difference is taken per seed and task
+before it is averaged. The interval of a mean over that matrix comes from its two-way
+decomposition, score = mean + seed effect + task effect + noise (`two_way`): the seed term is
+what another pipeline run would change, the task term what another draw of test tasks would.
+Ratios (student ÷ teacher, the share of the teacher's gain the student keeps) get theirs by the
+delta method on the same matrices.
+
+The claims, as the summary tests them:
+  1. every teacher beats the base on its own cell;
+  2. the student reaches 90% of its teacher in every cell (the ratio of means over seeds), beside
+     the share of the teacher's gain it keeps, (student − base) ÷ (teacher − base);
+  3. within each domain the student's thinking tokens and its within-budget accuracy rise
+     low < high < max.
+A claim "holds" when the means satisfy it and is "beyond noise" when the 95% interval does too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mopd.artifacts import read_json
+from mopd.bench.suite import BenchError
+from mopd.envs.base import DOMAINS, EFFORTS
+
+TARGET_RATIO = 0.9
+# Student's t 97.5% quantiles by degrees of freedom; a fractional df takes the next lower row
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+@dataclass
+class Interval:
+    mean: float
+    low: float
+    high: float
+    se: float
+    df: float  # degrees of freedom behind the t quantile (Satterthwaite for the two-way case)
+
+    def text(self, number: str = "{:.2f}") -> str:
+        if math.isnan(self.mean):
+            return "—"
+        if math.isnan(self.low):
+            return f"{number.format(self.mean)} (no interval: one draw)"
+        return f"{number.format(self.mean)} [{number.format(self.low)}, {number.format(self.high)}]"
+
+
+Matrix = list[list[float]]  # seeds × tasks
+
+
+# ----------------------------------------------------------------------------------- the summary
+def summarise(runs: dict[int, Path]) -> dict[str, Any]:
+    """summary.json's content for the finished runs of a sweep, seed → run directory."""
+    reports = {seed: read_report(run) for seed, run in sorted(runs.items())}
+    check_same_suite(reports)
+    first = next(iter(reports.values()))
+    cells = [(d, e) for d in DOMAINS if d in first["suite"]["domains"] for e in EFFORTS if e in first["suite"]["efforts"]]
+    baselines = sorted({m["name"] for m in first["models"] if m["role"] == "baseline"})
+    summary = {
+        "seeds": list(reports),
+        "runs": {str(seed): run_facts(runs[seed], report) for seed, report in reports.items()},
+        "suite": {k: first["suite"][k] for k in ("name", "path", "split", "n", "seeds", "samples")},
+        "baselines": baselines,
+        "overlap": overlap(reports),
+        "cells": {f"{d}-{e}": cell_summary(reports, d, e, baselines) for d, e in cells},
+        "pooled": pooled_summary(reports, cells),
+        "efforts": {d: effort_summary(reports, d) for d in dict.fromkeys(d for d, _ in cells)},
+    }
+    summary["claims"] = claims(summary)
+    return summary
+
+
+def read_report(run: Path) -> dict[str, Any]:
+    report = read_json(run / "bench" / "report.json")
+    if report is None:
+        raise BenchError(f"{run}: no bench/report.json; the run has not finished its bench stage")
+    return report
+
+
+def check_same_suite(reports: dict[int, dict]) -> None:
+    """Seeds are comparable task by task only when their benches drew the same tasks."""
+    keys = ("name", "split", "n", "seeds", "samples", "domains", "efforts")
+    suites = {seed: {k: r["suite"][k] for k in keys} for seed, r in reports.items()}
+    first_seed, first = next(iter(suites.items()))
+    for seed, suite in suites.items():
+        if suite != first:
+            raise BenchError(f"seed {seed}'s bench suite differs from seed {first_seed}'s: the tasks are not the same")
+
+
+def run_facts(run: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Where a seed's run is and how long its stages took (summed from each stage.json)."""
+    stages = {}
+    for stage in ("base", "teachers", "distill", "baselines/mixed_rl", "bench"):
+        marker = read_json(run / stage / "stage.json", default=None)
+        if marker is not None:
+            stages[stage] = marker.get("seconds")
+    return {"dir": str(run), "stage_seconds": stages, "seconds": round(sum(v or 0 for v in stages.values()), 1),
+            "code_sandbox": report.get("code_sandbox")}
+
+
+def overlap(reports: dict[int, dict]) -> dict[str, Any]:
+    """Test tasks found in the training records of the model that answered them, over every seed."""
+    found = tasks = unavailable = 0
+    for report in reports.values():
+        for row in report["results"]:
+            audit = row.get("audit")
+            if not audit or audit.get("overlap") is None:
+                unavailable += 1
+                continue
+            found += audit["overlap"]
+            tasks += audit["tasks"]
+    return {"overlap": found, "tasks": tasks, "rows_without_audit": unavailable}
+
+
+# ------------------------------------------------------------------------------------ per cell
+def scores(report: dict[str, Any], model: str, domain: str, effort: str) -> list[float] | None:
+    row = next((r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == (model, domain, effort)), None)
+    return None if row is None else row["task_rewards"]
+
+
+def teacher_of(report: dict[str, Any], cell: str) -> str | None:
+    return next((m["name"] for m in report["models"] if m["role"] == "teacher" and m["cell"] == cell), None)
+
+
+def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str) -> Matrix | None:
+    """seeds × tasks within-budget scores of a model ("teacher": the cell's own teacher)."""
+    rows = []
+    for report in reports.values():
+        model = teacher_of(report, f"{domain}-{effort}") if role_or_name == "teacher" else role_or_name
+        row = scores(report, model, domain, effort) if model else None
+        if row is None:
+            return None
+        rows.append(row)
+    return rows
+
+
+def cell_summary(reports: dict[int, dict], domain: str, effort: str, baselines: list[str]) -> dict[str, Any]:
+    m = {name: matrix(reports, name, domain, effort) for name in ("base", "teacher", "student", *baselines)}
+    out: dict[str, Any] = {name: asdict(two_way(x)) for name, x in m.items() if x is not None}
+    if m["teacher"] and m["base"]:
+        out["teacher_minus_base"] = asdict(two_way(subtract(m["teacher"], m["base"])))
+    if m["student"] and m["teacher"]:
+        out["student_over_teacher"] = asdict(ratio(m["student"], m["teacher"]))
+        out["student_minus_teacher"] = asdict(two_way(subtract(m["student"], m["teacher"])))
+    if m["student"] and m["teacher"] and m["base"]:
+        out["gain_share"] = asdict(gain_share(m["student"], m["teacher"], m["base"]))
+    for name in baselines:
+        for model in ("student", "teacher"):
+            if m[name] and m[model]:
+                out[f"{model}_minus_{name}"] = asdict(two_way(subtract(m[model], m[name])))
+    out["per_seed"] = {name: [statistics.fmean(row) for row in x] for name, x in m.items() if x is not None}
+    return out
+
+
+def pooled_summary(reports: dict[int, dict], cells: list[tuple[str, str]]) -> dict[str, Any]:
+    """Every cell's tasks side by side: one seeds × (cells · tasks) matrix per model."""
+    m = {name: joined([matrix(reports, name, d, e) for d, e in cells]) for name in ("base", "teacher", "student")}
+    if any(x is None for x in m.values()):
+        return {}
+    return {
+        **{name: asdict(two_way(x)) for name, x in m.items()},
+        "teacher_minus_base": asdict(two_way(subtract(m["teacher"], m["base"]))),
+        "student_over_teacher": asdict(ratio(m["student"], m["teacher"])),
+        "gain_share": asdict(gain_share(m["student"], m["teacher"], m["base"])),
+    }
+
+
+def joined(matrices: list[Matrix | None]) -> Matrix | None:
+    if any(x is None for x in matrices):
+        return None
+    return [list(itertools.chain.from_iterable(x[seed] for x in matrices)) for seed in range(len(matrices[0]))]
+
+
+# ---------------------------------------------------------------------------------- per effort
+def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
+    """The student's accuracy and thinking tokens at each effort of a domain, and the steps between.
+    Accuracy differences are paired over seeds and tasks; thinking tokens are a mean per seed in the
+    report, so their interval is over seeds only (t with seeds − 1 degrees of freedom)."""
+    efforts = [e for e in EFFORTS if scores(next(iter(reports.values())), "student", domain, e) is not None]
+    accuracy = {e: matrix(reports, "student", domain, e) for e in efforts}
+    tokens = {e: [row_of(r, "student", domain, e)["thinking_tokens_mean"] for r in reports.values()] for e in efforts}
+    steps = list(itertools.pairwise(efforts))
+    return {
+        "efforts": efforts,
+        "accuracy": {e: asdict(two_way(accuracy[e])) for e in efforts},
+        "thinking_tokens": {e: asdict(over_seeds(tokens[e])) for e in efforts},
+        "accuracy_steps": {f"{a}->{b}": asdict(two_way(subtract(accuracy[b], accuracy[a]))) for a, b in steps},
+        "token_steps": {f"{a}->{b}": asdict(over_seeds([y - x for x, y in zip(tokens[a], tokens[b])])) for a, b in steps},
+    }
+
+
+def row_of(report: dict[str, Any], model: str, domain: str, effort: str) -> dict[str, Any]:
+    return next(r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == (model, domain, effort))
+
+
+# ---------------------------------------------------------------------------------- the claims
+def claims(summary: dict[str, Any]) -> dict[str, Any]:
+    cells = summary["cells"]
+    beats = {c: verdict(s["teacher_minus_base"], above=0.0) for c, s in cells.items() if "teacher_minus_base" in s}
+    reaches = {c: verdict(s["student_over_teacher"], above=TARGET_RATIO, inclusive=True)
+               for c, s in cells.items() if "student_over_teacher" in s}
+    rises = {}
+    for domain, e in summary["efforts"].items():
+        accuracy = [verdict(step, above=0.0) for step in e["accuracy_steps"].values()]
+        tokens = [verdict(step, above=0.0) for step in e["token_steps"].values()]
+        rises[domain] = {"accuracy": all_of(accuracy), "thinking_tokens": all_of(tokens)}
+    return {
+        "teacher_beats_base": {"cells": beats, **all_of(list(beats.values()))},
+        "student_reaches_90pct": {"cells": reaches, **all_of(list(reaches.values()))},
+        "student_rises_with_effort": {"domains": rises,
+                                      **all_of([v for r in rises.values() for v in r.values()])},
+    }
+
+
+def verdict(interval: dict[str, float], above: float, inclusive: bool = False) -> dict[str, bool]:
+    """Whether the mean, and the whole 95% interval, lie above a threshold."""
+    over = (lambda x: x >= above) if inclusive else (lambda x: x > above)
+    return {"holds": bool(over(interval["mean"])), "beyond_noise": bool(over(interval["low"]))}
+
+
+def all_of(verdicts: list[dict[str, bool]]) -> dict[str, bool]:
+    return {"holds": all(v["holds"] for v in verdicts), "beyond_noise": all(v["beyond_noise"] for v in verdicts)}
+
+
+# ---------------------------------------------------------------------------------- statistics
+def subtract(a: Matrix, b: Matrix) -> Matrix:
+    return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+
+
+def two_way(x: Matrix) -> Interval:
+    """Mean of a seeds × tasks matrix with its 95% interval. Var(mean) = σ²_seed/S + σ²_task/T +
+    σ²_noise/(S·T), estimated without bias by (MS_seed + MS_task − MS_noise)/(S·T) from the two-way
+    ANOVA mean squares (floored at the noise term alone); degrees of freedom by Satterthwaite.
+    With one seed it is the usual paired interval over tasks."""
+    s, t = len(x), len(x[0])
+    grand = statistics.fmean(v for row in x for v in row)
+    if s * t < 2:
+        return Interval(grand, math.nan, math.nan, math.nan, 0)
+    seed_means = [statistics.fmean(row) for row in x]
+    task_means = [statistics.fmean(col) for col in zip(*x)]
+    if s == 1:
+        return with_t(grand, statistics.stdev(x[0]) / math.sqrt(t), t - 1)
+    if t == 1:
+        return with_t(grand, statistics.stdev(seed_means) / math.sqrt(s), s - 1)
+    ms_seed = t * statistics.variance(seed_means)
+    ms_task = s * statistics.variance(task_means)
+    residual = sum((v - seed_means[i] - task_means[j] + grand) ** 2 for i, row in enumerate(x) for j, v in enumerate(row))
+    ms_noise = residual / ((s - 1) * (t - 1))
+    combined = max(ms_seed + ms_task - ms_noise, ms_noise)
+    pieces = ms_seed**2 / (s - 1) + ms_task**2 / (t - 1) + ms_noise**2 / ((s - 1) * (t - 1))
+    df = combined**2 / pieces if pieces > 0 else math.inf
+    return with_t(grand, math.sqrt(combined / (s * t)), df)
+
+
+def over_seeds(values: list[float]) -> Interval:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, math.nan, math.nan, math.nan, 0)
+    return with_t(mean, statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1)
+
+
+def ratio(numerator: Matrix, denominator: Matrix) -> Interval:
+    """mean(numerator) ÷ mean(denominator), by the delta method: the error of the ratio R is that of
+    mean(numerator − R·denominator) ÷ mean(denominator)."""
+    top, bottom = grand_mean(numerator), grand_mean(denominator)
+    if bottom == 0:
+        return Interval(math.nan, math.nan, math.nan, math.nan, 0)
+    r = top / bottom
+    z = two_way(subtract(numerator, scaled(denominator, r)))
+    return with_t(r, z.se / abs(bottom), z.df)
+
+
+def gain_share(student: Matrix, teacher: Matrix, base: Matrix) -> Interval:
+    """(student − base) ÷ (teacher − base): the share of the teacher's gain over the base that the
+    student keeps. Unstable where the teacher barely beats the base; NaN where it does not at all."""
+    return ratio(subtract(student, base), subtract(teacher, base)) if grand_mean(subtract(teacher, base)) > 0 else (
+        Interval(math.nan, math.nan, math.nan, math.nan, 0))
+
+
+def scaled(x: Matrix, factor: float) -> Matrix:
+    return [[v * factor for v in row] for row in x]
+
+
+def grand_mean(x: Matrix) -> float:
+    return statistics.fmean(v for row in x for v in row)
+
+
+def with_t(mean: float, se: float, df: float) -> Interval:
+    half = t_quantile(df) * se
+    return Interval(mean, mean - half, mean + half, se, df)
+
+
+def t_quantile(df: float) -> float:
+    if df == math.inf or df > max(T_975):
+        return 1.96
+    return T_975[max((d for d in T_975 if d <= max(df, 1)), default=1)]
+
+
+# ------------------------------------------------------------------------------------ the files
+def write_summary(summary: dict[str, Any], out: Path, command: str) -> list[str]:
+    """summary.json, summary.md and the plot into `out`; returns the file names."""
+    from mopd.artifacts import write_json_atomic, write_text_atomic
+
+    summary = {**summary, "command": command}
+    write_json_atomic(out / "summary.json", summary)
+    plot = write_plot(summary, out)
+    write_text_atomic(out / "summary.md", markdown(summary, plot))
+    return ["summary.json", "summary.md", plot]
+
+
+def markdown(summary: dict[str, Any], plot: str) -> str:
+    seeds, suite, found = summary["seeds"], summary["suite"], summary["overlap"]
+    audit = (f"overlap {found['overlap']}/{found['tasks']}" +
+             (f"; {found['rows_without_audit']} rows without an audit" if found["rows_without_audit"] else ""))
+    lines = [
+        f"# Sweep: {len(seeds)} pipeline seed(s) {seeds}",
+        "",
+        f"Command: `{summary['command']}`",
+        "",
+        f"Suite `{suite['path']}`, **{suite['split']} split**: {suite['n']} tasks per cell, the same tasks for every "
+        f"seed and effort, {suite['samples']} sample(s) each. Training-data audit over all seeds, cells and models: "
+        f"**{audit}**. Accuracy is within budget (verifier accepts, thinking ≤ budget). Brackets are 95% intervals "
+        "over seeds and tasks, paired where models answer the same tasks (seeds × tasks two-way decomposition; "
+        "ratios by the delta method).",
+        "",
+        "| seed | run seconds (sum of stages) | code sandbox |",
+        "|---|---:|---|",
+        *[f"| {s} | {r['seconds']:.0f} | {r['code_sandbox'] or '—'} |" for s, r in summary["runs"].items()],
+        "",
+        *claims_lines(summary),
+        "",
+        *cell_lines(summary),
+        "",
+        *effort_lines(summary),
+        "",
+        f"![accuracy by cell and effort]({plot})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def claims_lines(summary: dict[str, Any]) -> list[str]:
+    c = summary["claims"]
+
+    def state(v: dict[str, bool]) -> str:
+        return "holds, beyond noise" if v["beyond_noise"] else "holds (within noise)" if v["holds"] else "**does not hold**"
+
+    def failing(cells: dict[str, dict[str, bool]]) -> str:
+        missed = [cell for cell, v in cells.items() if not v["holds"]]
+        return f" (fails in {', '.join(missed)})" if missed else ""
+
+    rises = c["student_rises_with_effort"]["domains"]
+    flat = [f"{d} {what}" for d, r in rises.items() for what, v in r.items() if not v["holds"]]
+    return [
+        "## Claims",
+        "",
+        f"1. Every teacher beats the base on its own cell: {state(c['teacher_beats_base'])}"
+        f"{failing(c['teacher_beats_base']['cells'])}.",
+        f"2. The student reaches ≥ {TARGET_RATIO:.0%} of its teacher in every cell (ratio of means over seeds): "
+        f"{state(c['student_reaches_90pct'])}{failing(c['student_reaches_90pct']['cells'])}. "
+        f"Share of the teachers' gain the student keeps, pooled: {pooled_text(summary, 'gain_share')}.",
+        f"3. Within each domain the student's thinking tokens and accuracy rise low < high < max: "
+        f"{state(c['student_rises_with_effort'])}" + (f" (not in: {', '.join(flat)})" if flat else "") + ".",
+    ]
+
+
+def pooled_text(summary: dict[str, Any], key: str) -> str:
+    value = summary["pooled"].get(key)
+    return Interval(**value).text() if value else "—"
+
+
+def cell_lines(summary: dict[str, Any]) -> list[str]:
+    baselines = summary["baselines"]
+    head = ["cell", "base", "teacher", "student", *baselines, "teacher − base", "student ÷ teacher",
+            "gain kept (s−b)÷(t−b)", *[f"{m} − {b}" for b in baselines for m in ("student", "teacher")]]
+    keys = ["base", "teacher", "student", *baselines, "teacher_minus_base", "student_over_teacher", "gain_share",
+            *[f"{m}_minus_{b}" for b in baselines for m in ("student", "teacher")]]
+    lines = ["## Per cell (within-budget accuracy, mean over seeds and tasks)", "",
+             "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for cell, s in summary["cells"].items():
+        lines.append(f"| {cell} | " + " | ".join(Interval(**s[k]).text() if k in s else "—" for k in keys) + " |")
+    pooled = summary["pooled"]
+    if pooled:
+        lines.append("| **pooled** | " + " | ".join(Interval(**pooled[k]).text() if k in pooled else "—" for k in keys) + " |")
+    return lines
+
+
+def effort_lines(summary: dict[str, Any]) -> list[str]:
+    lines = ["## The student by effort", "",
+             "| domain | accuracy low / high / max | thinking tokens low / high / max | accuracy steps | token steps |",
+             "|---|---|---|---|---|"]
+    for domain, e in summary["efforts"].items():
+        acc = " / ".join(Interval(**e["accuracy"][x]).text() for x in e["efforts"])
+        tok = " / ".join(Interval(**e["thinking_tokens"][x]).text("{:.1f}") for x in e["efforts"])
+        acc_steps = ", ".join(f"{k} {Interval(**v).text('{:+.2f}')}" for k, v in e["accuracy_steps"].items())
+        tok_steps = ", ".join(f"{k} {Interval(**v).text('{:+.1f}')}" for k, v in e["token_steps"].items())
+        lines.append(f"| {domain} | {acc} | {tok} | {acc_steps} | {tok_steps} |")
+    return lines
+
+
+def write_plot(summary: dict[str, Any], out: Path) -> str:
+    """Per cell, each model's accuracy with its 95% interval as an error bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = ["base", "teacher", "student", *summary["baselines"]]
+    cells = list(summary["cells"])
+    figure, axis = plt.subplots(figsize=(max(8, 1.1 * len(cells)), 4))
+    width = 0.8 / len(models)
+    for k, model in enumerate(models):
+        values = [summary["cells"][c].get(model) for c in cells]
+        xs = [i + (k - (len(models) - 1) / 2) * width for i, v in enumerate(values) if v]
+        means = [v["mean"] for v in values if v]
+        errors = [[v["mean"] - v["low"] for v in values if v], [v["high"] - v["mean"] for v in values if v]]
+        axis.bar(xs, means, width, yerr=errors, capsize=2, label=model)
+    axis.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
+    axis.set_ylabel("accuracy within budget")
+    axis.set_title(f"{summary['suite']['split']} split, {len(summary['seeds'])} seed(s): mean and 95% interval "
+                   "over seeds and tasks")
+    axis.legend(ncol=len(models), fontsize=8)
+    name = "summary.png"
+    figure.savefig(out / name, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return name

@@ -1,0 +1,135 @@
+"""`mopd sweep`'s summary: intervals over seeds and tasks, and the claims they decide, on planted
+bench reports whose answers are known. (The command end to end: tests/test_smoke_recipe.py.)"""
+
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mopd.bench.seeds import Interval, gain_share, ratio, summarise, two_way, write_summary
+from mopd.envs.base import DOMAINS, EFFORTS
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = [f"{d}-{e}" for d in DOMAINS for e in EFFORTS]
+TASKS = 40
+
+
+def planted_report(seed: int, accuracy: dict[str, dict[str, float]], tokens: dict[str, float]) -> dict:
+    """A bench report where model m answers each task of cell c right with probability accuracy[m][c]."""
+    rng = random.Random(seed)
+    models = [{"name": "base", "role": "base", "cell": None}, {"name": "student", "role": "student", "cell": None},
+              *({"name": f"t-{c}", "role": "teacher", "cell": c} for c in CELLS)]
+    results = []
+    for model in models:
+        cells = [model["cell"]] if model["role"] == "teacher" else CELLS
+        key = "teacher" if model["role"] == "teacher" else model["name"]
+        for cell in cells:
+            domain, effort = cell.split("-")
+            rewards = [float(rng.random() < accuracy[key][cell]) for _ in range(TASKS)]
+            results.append({"model": model["name"], "domain": domain, "effort": effort, "task_rewards": rewards,
+                            "thinking_tokens_mean": tokens[effort] + rng.random(),
+                            "audit": {"overlap": 0, "tasks": TASKS, "stages": {}}})
+    suite = {"name": "planted", "path": "eval/planted.yaml", "split": "test", "n": TASKS, "seeds": [1001],
+             "samples": 1, "domains": {d: {} for d in DOMAINS}, "efforts": list(EFFORTS)}
+    return {"suite": suite, "models": models, "results": results, "code_sandbox": "bubblewrap sandbox"}
+
+
+def write_runs(tmp_path: Path, seeds, accuracy, tokens) -> dict[int, Path]:
+    runs = {}
+    for seed in seeds:
+        run = tmp_path / f"seed-{seed}"
+        (run / "bench").mkdir(parents=True)
+        (run / "bench" / "report.json").write_text(json.dumps(planted_report(seed, accuracy, tokens)))
+        for stage, seconds in (("base", 100.0), ("teachers", 50.0), ("distill", 20.0), ("bench", 10.0)):
+            (run / stage).mkdir(exist_ok=True)
+            (run / stage / "stage.json").write_text(json.dumps({"seconds": seconds}))
+        runs[seed] = run
+    return runs
+
+
+def test_claims_follow_the_planted_accuracies(tmp_path):
+    accuracy = {
+        "base": dict.fromkeys(CELLS, 0.2),
+        "teacher": {**dict.fromkeys(CELLS, 0.7), "code-low": 0.2},  # code-low's teacher learned nothing
+        "student": {**dict.fromkeys(CELLS, 0.75), "agent-max": 0.35},  # the student lost agent-max
+    }
+    tokens = {"low": 2.0, "high": 20.0, "max": 60.0}
+    summary = summarise(write_runs(tmp_path, [0, 1, 2], accuracy, tokens))
+
+    claims = summary["claims"]
+    assert not claims["teacher_beats_base"]["holds"]
+    assert [c for c, v in claims["teacher_beats_base"]["cells"].items() if not v["beyond_noise"]] == ["code-low"]
+    assert [c for c, v in claims["student_reaches_90pct"]["cells"].items() if not v["holds"]] == ["agent-max"]
+    assert claims["student_rises_with_effort"]["domains"]["general"]["thinking_tokens"]["beyond_noise"]
+    # equal accuracy at every effort: the accuracy steps sit at 0, not beyond noise either way
+    assert not claims["student_rises_with_effort"]["domains"]["general"]["accuracy"]["beyond_noise"]
+    assert summary["overlap"] == {"overlap": 0, "tasks": 3 * (9 + 9 + 9) * TASKS, "rows_without_audit": 0}
+    cell = summary["cells"]["general-high"]
+    assert cell["teacher"]["low"] < 0.7 < cell["teacher"]["high"]
+    assert cell["per_seed"]["base"] == [statistics.fmean(r) for r in per_seed_rewards(tmp_path, "base", "general", "high")]
+    assert summary["runs"]["0"]["seconds"] == 180.0
+
+    files = write_summary(summary, tmp_path, "mopd sweep planted")
+    text = (tmp_path / "summary.md").read_text()
+    assert files == ["summary.json", "summary.md", "summary.png"] and (tmp_path / "summary.png").stat().st_size > 0
+    assert "**does not hold** (fails in code-low)" in text and "(fails in agent-max)" in text
+    assert "overlap 0/" in text and json.loads((tmp_path / "summary.json").read_text())["command"] == "mopd sweep planted"
+
+
+def per_seed_rewards(tmp_path: Path, model: str, domain: str, effort: str) -> list[list[float]]:
+    rows = []
+    for seed in (0, 1, 2):
+        report = json.loads((tmp_path / f"seed-{seed}" / "bench" / "report.json").read_text())
+        rows += [r["task_rewards"] for r in report["results"]
+                 if (r["model"], r["domain"], r["effort"]) == (model, domain, effort)]
+    return rows
+
+
+def test_two_way_interval_counts_seed_and_task_variation():
+    rng = random.Random(0)
+    seeds, tasks = 3, 200
+    # one seed: the usual paired interval over tasks
+    row = [rng.gauss(0, 1) for _ in range(tasks)]
+    one = two_way([row])
+    assert one.se == pytest.approx(statistics.stdev(row) / math.sqrt(tasks))
+    # a seed effect shared by all tasks: a constant shift per seed widens the interval by its spread
+    shifts = [-1.0, 0.0, 1.0]
+    with_seeds = two_way([[v + shift for v in row] for shift in shifts])
+    expected = math.sqrt(statistics.variance(shifts) / seeds + statistics.variance(row) / tasks)
+    assert with_seeds.se == pytest.approx(expected, rel=1e-9)
+    assert with_seeds.df < 3  # dominated by three seeds: a t quantile far above 1.96
+    assert with_seeds.high - with_seeds.mean > 3 * with_seeds.se
+
+
+def test_ratios_by_the_delta_method_match_a_bootstrap():
+    rng = random.Random(1)
+    teacher = [[float(rng.random() < 0.6) for _ in range(300)] for _ in range(3)]
+    student = [[t if rng.random() < 0.8 else float(rng.random() < 0.5) for t in row] for row in teacher]
+    r = ratio(student, teacher)
+    assert r.mean == pytest.approx(sum(map(sum, student)) / sum(map(sum, teacher)))
+    boot = []
+    for _ in range(400):
+        cols = [rng.randrange(300) for _ in range(300)]
+        boot.append(sum(s[c] for s in student for c in cols) / sum(t[c] for t in teacher for c in cols))
+    assert r.se == pytest.approx(statistics.stdev(boot), rel=0.25)
+    base = [[0.0] * 300 for _ in range(3)]
+    assert gain_share(student, teacher, base).mean == pytest.approx(r.mean)  # a base at 0 leaves the ratio
+    assert math.isnan(gain_share(student, base, teacher).mean)  # a "teacher" below its base: no share
+
+
+def test_interval_text_says_when_there_is_one_draw():
+    assert Interval(0.5, math.nan, math.nan, math.nan, 0).text() == "0.50 (no interval: one draw)"
+    assert Interval(0.5, 0.4, 0.6, 0.05, 10).text() == "0.50 [0.40, 0.60]"
+
+
+def test_sweep_refuses_bad_seeds_before_any_run(tmp_path):
+    mopd = Path(sys.executable).parent / "mopd"
+    result = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", "--seeds", "0,0", "--out", str(tmp_path / "s")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--seeds '0,0': give at least one seed, each once" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "s").exists()
