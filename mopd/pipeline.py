@@ -5,6 +5,11 @@ of the stages it reads. Changing a field re-runs that stage and everything downs
 scratch: work in its directory from other inputs is moved to `<stage>.previous/` first, so no
 checkpoint of the old config is resumed. A crash re-runs only the unfinished stage, which
 resumes from its own last checkpoint (`started.json` names the inputs that checkpoint is for).
+
+`stage.json` also holds the stage's `compute` (`mopd.compute`): the tokens and FLOP estimate the
+stage returns, `wall_s` (its seconds in this run) and `cpu_s`: the training stages' own count over
+their steps (`cpu_s_of` says which processes), else the pipeline's process and its waited-for
+children over the whole stage.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from typing import Any
 from rich.console import Console
 
 from mopd.artifacts import config_hash, read_json, write_json_atomic
+from mopd.compute import cpu_seconds, device_of
 from mopd.envs.sandbox import describe_backend, resolve_backend
 from mopd.recipe import Recipe
 
 console = Console(stderr=True)
 
-StageFn = Callable[["StageContext"], None]
+StageFn = Callable[["StageContext"], "dict[str, Any] | None"]  # returns what it knows of its compute
 
 
 @dataclass
@@ -74,13 +80,20 @@ class Pipeline:
         console.print(f"[bold]▶ {stage.name}[/bold]")
         if not stage.checks_own_parts:
             set_aside_work_of_other_inputs(stage_dir, digest)
-        start = time.time()
+        start, cpu_start = time.time(), cpu_seconds()
         context = StageContext(self.recipe, self.run_dir, stage_dir, {n: self.run_dir / n for n in stage.needs})
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(stage_dir / "started.json", {"name": stage.name, "hash": digest})
-        stage.run(context)
+        compute = stage.run(context) or {}
         seconds = round(time.time() - start, 1)
         marker = {"name": stage.name, "hash": digest, "seconds": seconds}
+        marker["compute"] = {
+            "cpu_s": round(cpu_seconds() - cpu_start, 1),
+            "cpu_s_of": "the stage: the pipeline's process and its waited-for children",
+            **compute,  # a training stage's own count of its steps' CPU, on whichever process ran them
+            "wall_s": seconds,
+            "device": device_of(self.recipe),
+        }
         if stage.judges_code and self.code_sandbox:
             marker["code_sandbox"] = describe_backend(self.code_sandbox)
         write_json_atomic(stage_dir / "stage.json", marker)
@@ -114,21 +127,23 @@ def set_aside_work_of_other_inputs(stage_dir: Path, digest: str) -> None:
 
 # ----------------------------------------------------------------------------- the recipe's graph
 def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
-    """base → teachers → distill → bench, each hashed on the recipe fields it reads."""
+    """base → teachers → distill → (baselines) → bench, each hashed on the recipe fields it reads."""
     from mopd.base.sft import build_base
     from mopd.bench.run import run_bench_stage
     from mopd.distill.trainer import run_distill
     from mopd.recipe import load_teacher_specs, resolve_path
-    from mopd.rl.teachers import train_teachers
+    from mopd.rl.teachers import teachers_compute, train_teachers
 
     shared = {"seed": recipe.seed, "envs": recipe.envs, "efforts": recipe.model_dump(mode="json")["efforts"]}
     specs = load_teacher_specs(recipe, recipe_dir)
     suite = resolve_path(recipe.bench.suite, recipe_dir)
 
-    def teachers(ctx: StageContext) -> None:
+    def teachers(ctx: StageContext) -> dict[str, Any]:
         train_teachers(ctx.recipe, ctx.run_dir, recipe_dir=recipe_dir)
+        return teachers_compute(ctx.recipe, ctx.run_dir, recipe_dir)
 
     code = stages_judging_code(recipe, specs, suite)
+    baselines = baseline_stages(recipe, shared, recipe_dir, "mixed_rl" in code)
     return [
         Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
               judges_code="base" in code),
@@ -142,14 +157,27 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
         ),
         Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
               run_distill, needs=("base", "teachers"), judges_code="distill" in code),
+        *baselines,
         Stage("bench", {**shared, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
-              run_bench_stage, needs=("base", "teachers", "distill"), judges_code="bench" in code),
+              run_bench_stage, needs=("base", "teachers", "distill", *(b.name for b in baselines)),
+              judges_code="bench" in code),
     ]  # fmt: skip
+
+
+def baseline_stages(recipe: Recipe, shared: dict[str, Any], recipe_dir: Path | None, judges_code: bool) -> list[Stage]:
+    """`baselines/mixed_rl` when the recipe enables it: it reads the FLOPs of teachers and distill."""
+    if recipe.baselines.mixed_rl is None:
+        return []
+    from mopd.rl.mixed import mixed_rl_spec, run_mixed_rl
+
+    config = {**shared, "rollout": recipe.rollout, "mixed_rl": hashed_fields(mixed_rl_spec(recipe))}
+    return [Stage("baselines/mixed_rl", config, lambda ctx: run_mixed_rl(ctx, recipe_dir),
+                  needs=("base", "teachers", "distill"), judges_code=judges_code)]  # fmt: skip
 
 
 def stages_judging_code(recipe: Recipe, specs: dict, suite: Path) -> set[str]:
     """The stages that run candidate programs in the code sandbox: base (verifying its corrupted
-    traces), teachers and distill with a code cell, bench with a code domain."""
+    traces), teachers, distill and the mixed-RL baseline with a code cell, bench with a code domain."""
     from mopd.bench.suite import load_suite
 
     stages = set()
@@ -161,6 +189,8 @@ def stages_judging_code(recipe: Recipe, specs: dict, suite: Path) -> set[str]:
         stages.add("distill")
     if "code" in load_suite(suite).domains:
         stages.add("bench")
+    if recipe.baselines.mixed_rl is not None and any(c.startswith("code-") for c in recipe.baselines.mixed_rl.cells):
+        stages.add("mixed_rl")
     return stages
 
 

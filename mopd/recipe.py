@@ -67,16 +67,9 @@ class Resources(Strict):
 
 
 # ----------------------------------------------------------------------------- teachers
-class TeacherSpec(Strict):
-    """One (domain, effort) specialist: what it trains on and how (GRPO)."""
+class GRPOSpec(Strict):
+    """How a policy trains with GRPO (TRL): shared by the teachers and the mixed-RL baseline."""
 
-    domain: Literal["general", "agent", "code"]
-    effort: Literal["low", "high", "max"]
-    init: str = Field("base", description="'base' or the path of an HF checkpoint")
-    budget_tokens: int | None = Field(None, gt=0, description="defaults to the recipe's effort budget")
-    length_penalty: float | None = Field(None, ge=0.0)
-    families: list[str] = Field(default_factory=list, description="task families; empty = all of the domain")
-    difficulty: dict[str, Any] = Field(default_factory=dict)
     steps: int = Field(20, ge=0)
     prompts_per_step: int = Field(8, gt=0)
     group_size: int = Field(8, gt=1)
@@ -96,13 +89,9 @@ class TeacherSpec(Strict):
         3.0, gt=0, description="sampler/trainer probability ratio above which *_mask drops and *_truncate clips"
     )
     checkpoint_every: int = Field(5, gt=0)
-    resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
-    max_restarts: int = Field(2, ge=0, description="times Ray restarts a teacher's dead actor and retries the cell (from its last checkpoint)")
-    eval_tasks: int = Field(32, ge=0, description="held-out tasks scored for base vs teacher; 0 skips")
-    eval_samples: int = Field(2, gt=0, description="samples per held-out task")
 
     @model_validator(mode="after")
-    def _sampler_log_probs_match_the_temperature(self) -> TeacherSpec:
+    def _sampler_log_probs_match_the_temperature(self) -> GRPOSpec:
         # The engines report log-probs of the policy at temperature 1; TRL's trainer scores at the spec's.
         if self.importance_sampling != "none" and self.temperature != 1.0:
             raise ValueError(
@@ -111,9 +100,29 @@ class TeacherSpec(Strict):
             )
         return self
 
+
+class TeacherSpec(GRPOSpec):
+    """One (domain, effort) specialist: what it trains on and how (GRPO)."""
+
+    domain: Literal["general", "agent", "code"]
+    effort: Literal["low", "high", "max"]
+    init: str = Field("base", description="'base' or the path of an HF checkpoint")
+    budget_tokens: int | None = Field(None, gt=0, description="defaults to the recipe's effort budget")
+    length_penalty: float | None = Field(None, ge=0.0)
+    families: list[str] = Field(default_factory=list, description="task families; empty = all of the domain")
+    difficulty: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=lambda: Resources(num_cpus=0.2))
+    max_restarts: int = Field(2, ge=0, description="times Ray restarts a teacher's dead actor and retries the cell (from its last checkpoint)")
+    eval_tasks: int = Field(32, ge=0, description="held-out tasks scored for base vs teacher; 0 skips")
+    eval_samples: int = Field(2, gt=0, description="samples per held-out task")
+
     @property
     def cell(self) -> str:
         return f"{self.domain}-{self.effort}"
+
+    @property
+    def source(self) -> str:
+        return f"teachers/{self.cell}.yaml"
 
 
 class TeachersSpec(Strict):
@@ -175,6 +184,39 @@ class DistillSpec(Strict):
         return self
 
 
+# ----------------------------------------------------------------------------- baselines
+class MixedRLSpec(GRPOSpec):
+    """One GRPO run from the base over the prompts of the cells, evenly mixed, each at its own effort,
+    in the pipeline's process. Its GRPO fields default to the recipe's `teachers.common`, then to a
+    teacher spec's defaults."""
+
+    steps: int | None = Field(None, ge=0, description="null: until its FLOP estimate matches teachers + MOPD")
+    max_steps: int = Field(10_000, gt=0, description="the most steps a matched run may take")
+    cells: list[str] = Field(default_factory=lambda: list(CELLS), description="the cells whose prompts it trains on")
+
+    @model_validator(mode="after")
+    def _known_cells(self) -> MixedRLSpec:
+        unknown = [c for c in self.cells if c not in CELLS]
+        if unknown or not self.cells:
+            raise ValueError(f"cells: needs some of {', '.join(CELLS)}; unknown: {unknown}")
+        return self
+
+    @property
+    def source(self) -> str:
+        return "baselines.mixed_rl"
+
+
+class BaselinesSpec(Strict):
+    """Models trained beside the pipeline for comparison; `baselines: [mixed_rl]` enables one with its defaults."""
+
+    mixed_rl: MixedRLSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        return {name: {} for name in data} if isinstance(data, list) else data
+
+
 # ----------------------------------------------------------------------------- bench / recipe
 class BenchSpec(Strict):
     """The `bench` stage: the run's base, teachers (each on its own cell) and student on a suite."""
@@ -212,6 +254,7 @@ class Recipe(Strict):
     base: BaseSpec = Field(default_factory=BaseSpec)
     teachers: TeachersSpec = Field(default_factory=TeachersSpec)
     distill: DistillSpec = Field(default_factory=DistillSpec)
+    baselines: BaselinesSpec = Field(default_factory=BaselinesSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
 

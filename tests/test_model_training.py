@@ -147,3 +147,24 @@ def test_model_bench_times_both_moe_paths_and_restores_the_switch():
     for r in (few, many):
         assert r["dense_s"] > 0 and r["routed_s"] > 0
         assert r["routed_over_dense"] == r["routed_s"] / r["dense_s"]
+
+
+def test_active_parameters_are_those_a_token_multiplies_by():
+    """One token's backward reaches exactly the parameters it took part in: every shared one and
+    top-k routed experts per MoE layer. The embedding table (a lookup) is left out of N."""
+    from mopd.model import active_parameters
+
+    config = preset_config("tiny")
+    torch.manual_seed(0)
+    model = K3HybridForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():  # zero-initialised AttnRes queries pass no gradient to their norms
+            if not param.ne(0).any():
+                param.normal_(0.0, 0.02)
+    model(input_ids=torch.tensor([[5]]), use_cache=False).logits.logsumexp(-1).sum().backward()
+    reached = {
+        name: param.numel() for name, param in model.named_parameters() if param.grad is not None and param.grad.ne(0).any()
+    }
+    experts = sum(".experts." in name and name.endswith(".w1.weight") for name in reached)
+    assert experts == config.num_experts_per_token * config.mlp_layer_types.count("sparse")
+    assert active_parameters(config) == sum(reached.values()) - reached["model.embed_tokens.weight"]

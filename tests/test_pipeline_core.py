@@ -101,3 +101,20 @@ def test_metrics_log_resume_drops_steps_after_the_checkpoint(tmp_path):
 def test_config_hash_ignores_key_order():
     assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 2})
+
+
+def test_stage_json_holds_the_compute_a_stage_reports_with_its_seconds(tmp_path):
+    from mopd.compute import estimate_flops, steps_compute
+
+    records = [{"step": 1, "tokens_sampled": 10, "tokens_trained": 30, "cpu_s": 1.5, "time/step": 2.0},
+               {"step": 2, "tokens_sampled": 20, "tokens_trained": 50, "tokens_scored": 50, "cpu_s": 0.5}]  # fmt: skip
+    compute = steps_compute(records, active_params=100, teacher_active_params=200, wall_keys=("time/step",))
+    assert (compute["tokens_sampled"], compute["tokens_trained"], compute["tokens_scored"]) == (30, 80, 50)
+    assert compute["flops"] == estimate_flops(30, 80, 50, 100, 200) == 6 * 100 * 80 + 2 * 100 * 30 + 2 * 200 * 50
+    assert (compute["cpu_s"], compute["wall_s"]) == (2.0, 2.0)
+
+    stage = Stage("train", {}, lambda ctx: compute)
+    Pipeline(Recipe(name="t", device="cpu"), tmp_path, [stage]).run()
+    written = json.loads((tmp_path / "train" / "stage.json").read_text())["compute"]
+    assert written == {**compute, "wall_s": written["wall_s"], "device": "cpu"}  # its steps' CPU, the stage's seconds
+    assert written["wall_s"] == json.loads((tmp_path / "train" / "stage.json").read_text())["seconds"]

@@ -18,7 +18,7 @@ from mopd.recipe import CELLS, load_recipe, load_teacher_specs
 from mopd.rl.grpo import teacher_env, teacher_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ["base", "teachers", "distill", "bench"]
+STAGES = ["base", "teachers", "distill", "baselines/mixed_rl", "bench"]
 
 
 def run_smoke(out: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -28,20 +28,58 @@ def run_smoke(out: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
-    first = run_smoke(tmp_path / "run")
+    run = tmp_path / "seed-0"
+    first = run_smoke(run)
     assert first.returncode == 0, first.stderr[-3000:]
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
     assert {name: s["status"] for name, s in manifest["stages"].items()} == dict.fromkeys(STAGES, "done")
     for cell in ("general-low", "agent-high", "code-max"):
-        assert (tmp_path / "run" / "teachers" / cell / "config.json").is_file()
-        assert (tmp_path / "run" / "teachers" / cell / "metrics.jsonl").is_file()
-    report = json.loads((tmp_path / "run" / "bench" / "report.json").read_text())
-    assert report["results"] and (tmp_path / "run" / "bench" / "report.md").is_file()
+        assert (run / "teachers" / cell / "config.json").is_file()
+        assert (run / "teachers" / cell / "metrics.jsonl").is_file()
+    report = json.loads((run / "bench" / "report.json").read_text())
+    assert report["results"] and (run / "bench" / "report.md").is_file()
 
-    again = run_smoke(tmp_path / "run")
+    check_compute_accounting_and_the_mixed_rl_baseline(run, report)
+
+    # `mopd sweep` over seed 0 resumes that run (every stage skipped) and summarises it
+    mopd = Path(sys.executable).parent / "mopd"
+    again = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", "--seeds", "0", "--out", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"{stage}: complete for these inputs" in again.stderr for stage in STAGES)
-    check_training_records_and_their_audit(tmp_path / "run", report)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["seeds"] == [0] and summary["overlap"] == {"overlap": 0, "tasks": len(report["results"]),
+                                                              "rows_without_audit": 0}
+    row = next(r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == ("base", "general", "low"))
+    assert summary["cells"]["general-low"]["base"]["mean"] == row["accuracy"]
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.png").is_file()
+    check_training_records_and_their_audit(run, report)
+
+
+def check_compute_accounting_and_the_mixed_rl_baseline(run: Path, report: dict) -> None:
+    """Every stage.json counts its compute; the baseline's FLOPs match teachers + MOPD within 10%;
+    the bench scores it on every cell, on tasks it never trained on."""
+    compute = {stage: json.loads((run / stage / "stage.json").read_text())["compute"] for stage in STAGES}
+    assert all(c["wall_s"] > 0 and c["cpu_s"] > 0 and c["device"] == "cpu" for c in compute.values())
+    assert compute["base"]["tokens_trained"] > 0 and compute["bench"]["tokens_sampled"] > 0
+    teachers, distill, mixed = compute["teachers"], compute["distill"], compute["baselines/mixed_rl"]
+    assert sorted(teachers["teachers"]) == sorted(CELLS)
+    assert teachers["flops"] == sum(t["flops"] for t in teachers["teachers"].values()) > 0
+    assert distill["tokens_scored"] == distill["tokens_trained"] > distill["tokens_sampled"] > 0
+    assert mixed["target_flops"] == teachers["flops"] + distill["flops"]
+    assert mixed["mismatch"] == mixed["flops"] / mixed["target_flops"] - 1
+    assert abs(mixed["mismatch"]) <= 0.10, mixed
+
+    rows = [row for row in report["results"] if row["model"] == "mixed_rl"]
+    assert {f"{row['domain']}-{row['effort']}" for row in rows} == {
+        f"{row['domain']}-{row['effort']}" for row in report["results"] if row["model"] == "base"
+    }
+    assert all(row["audit"]["overlap"] == 0 and set(row["audit"]["stages"]) == {"base", "baselines/mixed_rl"} for row in rows)
+    models = {model["name"]: model for model in report["models"]}
+    assert models["mixed_rl"]["role"] == "baseline"
+    assert models["mixed_rl"]["compute"]["post_training"]["flops"] == mixed["flops"]
+    assert models["student"]["compute"]["post_training"]["flops"] == mixed["target_flops"]
+    assert "| mixed_rl |" in (run / "bench" / "report.md").read_text()
 
 
 def check_training_records_and_their_audit(run: Path, report: dict) -> None:

@@ -234,7 +234,7 @@ def test_rollout_func_masks_observations_and_reports_the_batch(run_dir):
     task = env.sample(1, seed=1, split="train", effort="high")[0]
     turns = [t["content"] for t in env.solve(task) if t["role"] == "assistant"]
     engine = ExpertEngine(tokenizer, {task.prompt: turns})
-    rollouts = GroupRollouts(engine, engine, tokenizer, env, default_effort_specs(), {task.id: task}, 1.0)
+    rollouts = GroupRollouts(engine, engine, tokenizer, {"agent": env}, default_effort_specs(), {task.id: task}, 1.0)
     trainer = type("Trainer", (), {"state": type("State", (), {"global_step": 0}), "model": None})
     trainer.model = type("Model", (), {"state_dict": lambda self: {}})()
     out = rollouts([task.id, task.id], trainer)

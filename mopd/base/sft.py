@@ -23,6 +23,7 @@ from rich.console import Console
 from transformers import get_cosine_schedule_with_warmup
 
 from mopd.artifacts import MetricsLog, atomic_dir, write_json_atomic
+from mopd.compute import checkpoint_active_parameters, steps_compute
 from mopd.envs import get_env
 from mopd.envs.base import EFFORTS, THINK_CLOSE
 from mopd.envs.chat import render_turns, tokenize_segments
@@ -35,15 +36,18 @@ console = Console(stderr=True)
 IGNORE = -100
 
 
-def build_base(ctx) -> None:
-    """Pipeline stage `base`: validate the recipe's checkpoint, or train one into `ctx.dir`."""
+def build_base(ctx) -> dict:
+    """Pipeline stage `base`: validate the recipe's checkpoint, or train one into `ctx.dir`; returns
+    the compute of its SFT steps (`mopd.compute`; none for an existing checkpoint)."""
     recipe = ctx.recipe
     if recipe.base.checkpoint is not None:
         check_checkpoint(Path(recipe.base.checkpoint), "base.checkpoint")
         write_json_atomic(ctx.dir / "base.json", {"checkpoint": str(Path(recipe.base.checkpoint).resolve())})
-        return
+        return {}
     with atomic_dir(ctx.dir) as out:
         train_base(recipe, out)
+    records = MetricsLog(ctx.dir / "metrics.jsonl").records()
+    return steps_compute(records, checkpoint_active_parameters(ctx.dir), wall_keys=("seconds",))
 
 
 def base_checkpoint(recipe, run_dir: Path) -> Path:
@@ -196,7 +200,8 @@ def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, 
     batches = length_grouped_batches(examples, sft, rng)
     for step in range(1, sft.steps + 1):
         start = time.time()
-        batch = collate(next(batches), model.config.pad_token_id)
+        rows = next(batches)
+        batch = collate(rows, model.config.pad_token_id)
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -210,6 +215,7 @@ def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, 
             lr=schedule.get_last_lr()[0],
             seconds=time.time() - start,
             tokens=int((batch["labels"] != IGNORE).sum()),
+            tokens_trained=sum(len(row["input_ids"]) for row in rows),  # padding left out (mopd.compute)
             **balance,
         )
         if step % 25 == 0 or step == sft.steps:

@@ -5,9 +5,11 @@
     check_overlap(audits, split, allow, source)  an overlap in a dev or test suite is an error
 
 A checkpoint's run is the directory above it holding `recipe.json`; its stage is where it sits
-there: `base/`, `teachers/<cell>/` or `distill/` (the student, `distill/model` or a checkpoint).
+there: `base/`, `teachers/<cell>/`, `distill/` (the student, `distill/model` or a checkpoint) or
+`baselines/mixed_rl/`.
 Its lineage, as a run trains them: the base (SFT), a teacher (the base and its own RL prompts),
-the student (the base, the teacher of the cell being scored, and the MOPD prompts); a teacher's
+the student (the base, the teacher of the cell being scored, and the MOPD prompts), the mixed-RL
+baseline `baselines/mixed_rl` (the base and its own RL prompts); a teacher's
 `init` or a `distill.student` other than the run's base is not followed. Each stage
 wrote the content keys it trained on (`mopd.envs.splits.write_trained_on`); a task overlaps when
 its key is in any record of the lineage. A checkpoint outside a run, or a stage of its lineage
@@ -27,6 +29,8 @@ from mopd.envs.base import Task
 from mopd.envs.splits import TRAINED_ON, read_trained_on, task_keys
 from mopd.recipe import CELLS
 
+BASELINES = ("baselines/mixed_rl",)
+
 
 class AuditUnavailable(Exception):
     """The checkpoint's training data is unknown; the message says why."""
@@ -42,11 +46,13 @@ def lineage(path: Path, cell: str) -> dict[str, Path]:
     elif stage == "distill":
         stages[f"teachers/{cell}"] = run / "teachers" / cell
         stages["distill"] = run / "distill"
+    elif stage in BASELINES:
+        stages[stage] = run / stage
     return stages
 
 
 def run_stage(path: Path) -> tuple[Path, str]:
-    """(the run directory, the stage: "base", "teachers/<cell>" or "distill") of a checkpoint."""
+    """(the run directory, the stage: "base", "teachers/<cell>", "distill" or a baseline) of a checkpoint."""
     path = Path(path).resolve()
     run = next((parent for parent in path.parents if (parent / "recipe.json").is_file()), None)
     if run is None:
@@ -56,7 +62,11 @@ def run_stage(path: Path) -> tuple[Path, str]:
         return run, parts[0]
     if parts[0] == "teachers" and len(parts) > 1 and parts[1] in CELLS:
         return run, f"teachers/{parts[1]}"
-    raise AuditUnavailable(f"{path} is not a base/, teachers/<cell>/ or distill/ checkpoint of the run {run}")
+    if "/".join(parts[:2]) in BASELINES:
+        return run, "/".join(parts[:2])
+    raise AuditUnavailable(
+        f"{path} is not a base/, teachers/<cell>/, distill/ or baselines/mixed_rl/ checkpoint of the run {run}"
+    )
 
 
 def base_dir(stage_dir: Path) -> Path:
@@ -126,3 +136,37 @@ def audit_text(audit: dict[str, Any] | None) -> str:
     if "unavailable" in audit:
         return "audit unavailable"
     return f"overlap {audit['overlap']}/{audit['tasks']}"
+
+
+# ----------------------------------------------------------------------------- training compute
+COMPUTE_KEYS = ("tokens_sampled", "tokens_trained", "tokens_scored", "flops", "wall_s", "cpu_s")
+
+
+def training_compute(path: Path) -> dict[str, Any] | None:
+    """The compute that made a checkpoint, from its run's stage.json files (`mopd.compute`): `base`,
+    the SFT every model of the run shares, shown apart; `post_training`, its lineage's training after
+    the base, counted once per stage (a teacher: its own RL; the student: all the teachers and MOPD;
+    a baseline: its own RL). None outside a run, or where a stage.json holds no compute."""
+    try:
+        run, stage = run_stage(path)
+    except AuditUnavailable:
+        return None
+
+    def compute(name: str) -> dict[str, Any] | None:
+        return (read_json(run / name / "stage.json", default={}) or {}).get("compute")
+
+    if stage == "base":
+        parts = []
+    elif stage.startswith("teachers/"):
+        parts = [(compute("teachers") or {}).get("teachers", {}).get(stage.removeprefix("teachers/"))]
+    elif stage == "distill":
+        parts = [compute("teachers"), compute("distill")]
+    else:
+        parts = [compute(stage)]
+    base = compute("base")
+    if base is None or None in parts:
+        return None
+    return {
+        "base": {key: base.get(key, 0) for key in COMPUTE_KEYS},
+        "post_training": {key: sum(part.get(key, 0) for part in parts) for key in COMPUTE_KEYS},
+    }

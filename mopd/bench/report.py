@@ -89,6 +89,8 @@ def markdown(report: dict[str, Any]) -> str:
     if student and teachers:
         lines += ["", f"## Student against its teachers (accuracy){label}", "", *recovery_table(report, student, teachers)]
     lines += ["", f"## Accuracy by effort{label}", "", *effort_table(report, names, teachers)]
+    if any(model.get("compute") for model in report["models"]):
+        lines += ["", "## Training compute", "", *compute_table(report)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
@@ -180,6 +182,35 @@ def effort_table(report, names: list[str], teachers: dict[str, str]) -> list[str
             rises = "—" if len(shown) < 2 else "yes" if all(a < b for a, b in itertools.pairwise(shown)) else "no"
             lines.append(f"| {name} | {domain} | " + " | ".join(f"{v:.2f}" for v in shown) + f" | {rises} |")
     return lines
+
+
+def compute_table(report) -> list[str]:
+    """Each model's training compute (`mopd.compute`), from its run's stage.json files: the base SFT
+    once, as its own row, then what each model's lineage trained after the base."""
+    models = [m for m in report["models"] if m.get("compute")]
+    student = next((m["compute"]["post_training"]["flops"] for m in models if m["role"] == "student"), None)
+    lines = [
+        "FLOPs ≈ 6·N·trained + 2·N·sampled + 2·N_teacher·scored tokens (N: active parameters, no embedding table). "
+        "Every model starts from the base, whose SFT is counted once; a model's row is the training after it "
+        "(a teacher: its RL; the student: the nine teachers and MOPD; mixed_rl: its RL).",
+        "",
+        "| model | FLOPs | / student's | tokens sampled | tokens trained | tokens scored | wall s | CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        compute_row("base SFT", models[0]["compute"]["base"], None),
+    ]
+    for model in models:
+        if model["role"] != "base":
+            lines.append(compute_row(model["name"], model["compute"]["post_training"], student))
+    return lines
+
+
+def compute_row(name: str, compute: dict[str, Any], student_flops: float | None) -> str:
+    ratio = compute["flops"] / student_flops if student_flops else math.nan
+    tokens = " | ".join(f"{compute[key]:,}" for key in ("tokens_sampled", "tokens_trained", "tokens_scored"))
+    return (
+        f"| {name} | {compute['flops']:.3g} | {fmt(ratio, '{:.2f}')} | {tokens} "
+        f"| {compute['wall_s']:,.0f} | {compute['cpu_s']:,.0f} |"
+    )
 
 
 def gap_text(ours: dict[str, Any], theirs: dict[str, Any]) -> str:

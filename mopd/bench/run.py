@@ -42,7 +42,7 @@ from rich.progress import (
 )
 
 from mopd.artifacts import config_hash, read_json
-from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in
+from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in, training_compute
 from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
@@ -61,7 +61,7 @@ class ModelRef:
 
     name: str
     path: Path
-    role: str = "model"  # base | teacher | student | model
+    role: str = "model"  # base | teacher | student | baseline | model
     cell: str | None = None
 
 
@@ -159,14 +159,32 @@ def bench_run_dir(
     )  # fmt: skip
 
 
-def run_bench_stage(ctx) -> None:
-    """Pipeline stage `bench`: the run's models on the recipe's suite, report in the stage dir."""
+def run_bench_stage(ctx) -> dict[str, Any]:
+    """Pipeline stage `bench`: the run's models on the recipe's suite, report in the stage dir; returns
+    its compute (`mopd.compute`: the tokens its models generated)."""
     spec = ctx.recipe.bench
-    run_bench(
+    report = run_bench(
         run_models(ctx.run_dir, ctx.inputs), suite=spec.suite, n=spec.n, samples=spec.samples, out=ctx.dir,
         backend=spec.backend or ctx.recipe.rollout, recipe=ctx.recipe, temperature=spec.temperature,
         workers=spec.workers, resources=spec.resources,
     )  # fmt: skip
+    return bench_compute(report)
+
+
+def bench_compute(report: dict[str, Any]) -> dict[str, Any]:
+    """The tokens the report's models generated, and 2·N·tokens summed over the models."""
+    from mopd.compute import checkpoint_active_parameters
+
+    params = {model["name"]: checkpoint_active_parameters(model["path"]) for model in report["models"]}
+    sampled = {name: 0 for name in params}
+    for row in report["results"]:
+        sampled[row["model"]] += round(row["generated_tokens_mean"] * row["tasks"] * row["samples"])
+    distinct = set(params.values())
+    return {
+        "tokens_sampled": sum(sampled.values()),
+        "active_params": distinct.pop() if len(distinct) == 1 else params,
+        "flops": sum(2 * params[name] * tokens for name, tokens in sampled.items()),
+    }
 
 
 def bench_command(args) -> int:
@@ -282,13 +300,15 @@ def recipe_of(refs: list[ModelRef]) -> Recipe:
 
 
 def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:
-    """A run's finished checkpoints: base, teachers/<cell> (each benchmarked on its own cell), distill/model."""
+    """A run's finished checkpoints: base, teachers/<cell> (each benchmarked on its own cell), distill/model,
+    and the baseline baselines/mixed_rl where the run trained it."""
     dirs = {"base": run_dir / "base", "teachers": run_dir / "teachers", "distill": run_dir / "distill"}
     dirs |= {name: Path(path) for name, path in (inputs or {}).items()}
     candidates = [
         ModelRef("base", base_dir(dirs["base"]), "base"),
         *(ModelRef(cell, dirs["teachers"] / cell, "teacher", cell) for cell in CELLS),
         ModelRef("student", checkpoint_in(dirs["distill"]), "student"),
+        ModelRef("mixed_rl", dirs.get("baselines/mixed_rl", run_dir / "baselines" / "mixed_rl"), "baseline"),
     ]
     refs = [ref for ref in candidates if (ref.path / "config.json").is_file()]
     if not refs:
@@ -566,7 +586,7 @@ def build_report(
         "backend": backend,
         "workers": workers,
         "efforts": {effort: spec.model_dump() for effort, spec in budgets.items() if effort in suite.efforts},
-        "models": [{**asdict(ref), "path": str(ref.path)} for ref in refs],
+        "models": [{**asdict(ref), "path": str(ref.path), "compute": training_compute(ref.path)} for ref in refs],
         "results": results,
         "machine": machine(),
     }

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
 from mopd.base.sft import pack
+from mopd.compute import checkpoint_active_parameters, cpu_seconds, steps_compute
 from mopd.distill.async_rollouts import RolloutProducer
 from mopd.distill.loss import (
     extrapolated_teacher,
@@ -67,9 +68,9 @@ class StalenessError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- the stage
-def run_distill(ctx) -> None:
+def run_distill(ctx) -> dict:
     """Pipeline stage: the recipe's student (the base by default) distilled from its teachers, then
-    scored on every cell's held-out tasks beside its teacher (`eval.json`)."""
+    scored on every cell's held-out tasks beside its teacher (`eval.json`); returns its compute."""
     recipe, spec = ctx.recipe, ctx.recipe.distill
     base = recipe.base.checkpoint or ctx.inputs.get("base", ctx.run_dir / "base")
     student = spec.student or checkpoint_in(base)
@@ -84,6 +85,18 @@ def run_distill(ctx) -> None:
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
+    return distill_compute(MetricsLog(ctx.dir / "metrics.jsonl").records(), student, teachers)
+
+
+def distill_compute(records: list[dict], student: Path, teachers: Mapping[str, str | Path]) -> dict:
+    """The stage's compute (`mopd.compute`) from its steps: each cell's scored tokens at its teacher's N."""
+    teacher_params = {cell: checkpoint_active_parameters(path) for cell, path in teachers.items()}
+    compute = steps_compute(records, checkpoint_active_parameters(student), wall_keys=("time/step",))
+    scored = {cell: sum(r.get(f"{cell}/tokens_scored", 0) for r in records) for cell in teachers}
+    compute["flops"] += sum(2 * teacher_params[cell] * tokens for cell, tokens in scored.items())
+    distinct = set(teacher_params.values())
+    compute["teacher_active_params"] = distinct.pop() if len(distinct) == 1 else teacher_params
+    return compute
 
 
 def held_out_comparison(recipe, student: Path, teachers: Mapping[str, str | Path]) -> dict:
@@ -180,7 +193,7 @@ def train_mopd(
 
 
 def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, version_offset) -> dict:
-    clock = [time.perf_counter()]
+    clock, cpu_start = [time.perf_counter()], cpu_seconds()
     rollouts = producer.take(step)
     if step < spec.steps:
         producer.start(step + 1)  # with overlap: sampled from the current weights while this step trains
@@ -205,12 +218,24 @@ def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, 
     phases = dict(zip(names, (b - a for a, b in itertools.pairwise(clock))))
     return {
         **metrics,
+        **step_tokens(rollouts, cells),
+        "cpu_s": cpu_seconds() - cpu_start,
         **{f"time/{name}": seconds for name, seconds in phases.items()},
         "time/step": clock[-1] - clock[0],
         "teacher_tokens_per_s": metrics["tokens"] / max(phases["score"], 1e-9),
         "policy_version": version_offset + min(r.policy_version for r in rollouts),
         **{f"lag/{lag}": lags.count(lag) for lag in range(max(lags) + 1)},
     }
+
+
+def step_tokens(rollouts: list[Rollout], cells: list[str]) -> dict[str, int]:
+    """What the step sampled, trained on and had its teachers score (`mopd.compute`), and each cell's scored."""
+    lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
+    scored = {f"{cell}/tokens_scored": 0 for cell in cells}
+    for cell, length in zip(cells, lengths):
+        scored[f"{cell}/tokens_scored"] += length
+    sampled = sum(sum(r.loss_mask) for r in rollouts)
+    return {"tokens_sampled": sampled, "tokens_trained": sum(lengths), "tokens_scored": sum(lengths), **scored}
 
 
 def check_staleness(rollouts: list[Rollout], current_version: int, max_staleness: int) -> None:

@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from mopd.model.config import PRESETS, K3HybridConfig, preset_config
-from mopd.model.modeling import K3HybridForCausalLM, K3HybridModel, K3HybridPreTrainedModel
+from mopd.model.modeling import K3HybridForCausalLM, K3HybridModel, K3HybridPreTrainedModel, active_parameters
 
 AutoConfig.register(K3HybridConfig.model_type, K3HybridConfig, exist_ok=True)
 AutoModel.register(K3HybridConfig, K3HybridModel, exist_ok=True)
@@ -15,5 +15,6 @@ __all__ = [
     "K3HybridForCausalLM",
     "K3HybridModel",
     "K3HybridPreTrainedModel",
+    "active_parameters",
     "preset_config",
 ]

@@ -217,3 +217,20 @@ class K3HybridForCausalLM(K3HybridPreTrainedModel, GenerationMixin):
         for router in self.routers().values():
             router.update_bias(rate=self.config.moe_balance_rate, speed=self.config.moe_bias_update_speed)
         return stats
+
+
+def active_parameters(config: K3HybridConfig) -> int:
+    """N of the FLOP estimate: the parameters a token's forward multiplies by. The embedding table is
+    left out (a lookup, not a matmul; counted when tied to the output head); each LatentMoE layer
+    counts its router, latent projections and shared experts, and `num_experts_per_token` of its
+    `num_experts` routed experts (the active parameters)."""
+    with torch.device("meta"):
+        model = K3HybridForCausalLM(config)
+    total = sum(p.numel() for p in model.parameters())  # a tied head and table are one tensor here
+    if not config.tie_word_embeddings:
+        total -= model.model.embed_tokens.weight.numel()
+    routed = sum(
+        p.numel() for layer in model.model.layers if layer.block_sparse_moe is not None
+        for p in layer.block_sparse_moe.experts.parameters()
+    )  # fmt: skip
+    return total - routed + routed * config.num_experts_per_token // config.num_experts

@@ -14,7 +14,9 @@ cap from the spec), which corrects for the gap between our engine and the traine
 Every step logs one line of `metrics.jsonl`: mean reward, pass rate, thinking and answer
 tokens, over-budget rate, KL to the initial policy, entropy, the mean and largest
 |log p_train − log p_sampler| over the loss tokens and the share of them whose ratio was masked
-or truncated, and the step's seconds split into generate / verify / train. A restarted run
+or truncated, the step's seconds split into generate / verify / train, and what `mopd.compute`
+counts: tokens sampled and trained, CPU seconds. `train_grpo` is the same loop over any tasks and
+envs (the mixed-RL baseline), optionally stopped by a rule on the records so far. A restarted run
 resumes from TRL's last checkpoint and drops the metrics of the steps it redoes.
 """
 
@@ -33,6 +35,7 @@ from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from mopd.artifacts import MetricsLog
+from mopd.compute import cpu_seconds
 from mopd.envs import get_env
 from mopd.envs.splits import task_keys, write_trained_on
 from mopd.model import K3HybridForCausalLM
@@ -60,18 +63,30 @@ def train_teacher(
 
     `trainer_class`: LengthSortedGRPOTrainer by default; TRL's own GRPOTrainer for a benchmark baseline.
     """
+    env = teacher_env(spec, recipe)
+    return train_grpo(
+        spec, recipe, init_dir, out_dir, {env.domain: env}, teacher_tasks(env, spec, recipe),
+        {spec.effort: teacher_effort(spec, recipe)}, backend=backend, trainer_class=trainer_class,
+    )  # fmt: skip
+
+
+def train_grpo(
+    spec, recipe, init_dir: Path, out_dir: Path, envs: dict, tasks: list, efforts: dict,
+    backend: str | None = None, trainer_class: type | None = None, stop=None,
+) -> int:  # fmt: skip
+    """GRPO from `init_dir` on `tasks` (each verified by its domain's env, at its effort), resuming from
+    out_dir's last checkpoint; returns the step resumed from. `stop(records)`, when given, ends the run
+    after a step where it returns True (metrics.jsonl's records so far)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    env = teacher_env(spec, recipe)
-    tasks = teacher_tasks(env, spec, recipe)
     write_trained_on(out_dir, task_keys(tasks))  # the whole deterministic list: a resumed run records the same
     rollouts = GroupRollouts(
         engine=create_engine(init_dir, backend=backend or recipe.rollout),
         reference=create_engine(init_dir, backend="hf"),
         tokenizer=tokenizer,
-        env=env,
-        efforts={spec.effort: teacher_effort(spec, recipe)},
+        envs=envs,
+        efforts=efforts,
         tasks={task.id: task for task in tasks},
         temperature=spec.temperature,
     )
@@ -83,18 +98,21 @@ def train_teacher(
     use_cache = model.config.use_cache
     if spec.kl_beta > 0 and getattr(model.config, "auto_map", None) is None:
         raise ValueError(
-            f"teachers/{spec.cell}.yaml: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
+            f"{spec.source}: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
             "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
         )
+    max_new_tokens = max(effort.max_new_tokens for effort in efforts.values())
+    step_metrics = StepMetrics(metrics, rollouts, stop)
     trainer = (trainer_class or LengthSortedGRPOTrainer)(
         model=model,
         reward_funcs=shaped_reward,
-        args=grpo_config(spec, recipe, out_dir / "checkpoints", rollouts.efforts[spec.effort].max_new_tokens),
+        args=grpo_config(spec, recipe, out_dir / "checkpoints", max_new_tokens),
         train_dataset=Dataset.from_dict({"prompt": [task.id for task in tasks]}),
         processing_class=tokenizer,
         rollout_func=rollouts,
-        callbacks=[StepMetrics(metrics, rollouts)],
+        callbacks=[step_metrics],
     )
+    step_metrics.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # metrics.jsonl and the driver's progress line say it
     correct_for_the_sampler(trainer)
     trainer.skip_zero_advantage = spec.skip_zero_advantage
@@ -123,12 +141,12 @@ def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConf
     micro = spec.micro_batch_size or batch
     if batch % micro:
         raise ValueError(
-            f"teachers/{spec.cell}.yaml: micro_batch_size {micro} must divide prompts_per_step × group_size = {batch}"
+            f"{spec.source}: micro_batch_size {micro} must divide prompts_per_step × group_size = {batch}"
         )
     use_cpu = recipe.device == "cpu" or not torch.cuda.is_available()
     return GRPOConfig(
         output_dir=str(output_dir),
-        max_steps=spec.steps,
+        max_steps=spec.max_steps if spec.steps is None else spec.steps,  # a matched run stops itself
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=batch // micro,
         steps_per_generation=batch // micro,  # one optimizer step per batch of rollouts: strictly on-policy
@@ -183,6 +201,7 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
     """
 
     skip_zero_advantage = True
+    tokens_trained: int | None = None  # the last step's prompt + completion tokens through forward and backward
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
@@ -201,6 +220,7 @@ class LengthSortedGRPOTrainer(GRPOTrainer):
             if self.skip_zero_advantage and self.zero_advantage_is_silent():
                 batch = rows_with_learning_signal(batch, at_least=micro_batches)
             batch = sorted_by_length(batch)
+            self.tokens_trained = int(rollout_lengths(batch).sum())
             self._buffered_inputs = [trim_padding(part) for part in split_rows(batch, micro_batches)]
         return self._buffered_inputs[self._step % micro_batches]
 
@@ -291,20 +311,21 @@ def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
 class GroupRollouts:
     """TRL's rollout_func: our engine samples, our episode loop verifies and shapes the rewards."""
 
-    def __init__(self, engine, reference, tokenizer, env, efforts, tasks, temperature):
+    def __init__(self, engine, reference, tokenizer, envs, efforts, tasks, temperature):
         self.engine, self.reference, self.tokenizer = engine, reference, tokenizer
-        self.envs = {env.domain: TimedEnv(env)}
+        self.envs = {domain: TimedEnv(env) for domain, env in envs.items()}
         self.efforts, self.tasks, self.temperature = efforts, tasks, temperature
         self.synced_step: int | None = None
         self.seconds = {"generate": 0.0, "verify": 0.0}
+        self.tokens_sampled = 0
 
     def __call__(self, prompts: list[str], trainer) -> dict[str, Any]:
         self.sync_weights(trainer)
         ids, sizes = zip(*[(key, len(list(run))) for key, run in itertools.groupby(prompts)])
         if len(set(sizes)) != 1:
             raise ValueError(f"rollout_func: prompts must come in equal groups, got group sizes {sizes}")
-        env = self.envs[next(iter(self.envs))]
-        env.seconds = 0.0
+        for env in self.envs.values():
+            env.seconds = 0.0
         start = time.time()
         groups = run_rollouts(
             self.engine,
@@ -315,8 +336,10 @@ class GroupRollouts:
             n=sizes[0],
             temperature=self.temperature,
         )
-        self.seconds = {"verify": env.seconds, "generate": time.time() - start - env.seconds}
+        verify = sum(env.seconds for env in self.envs.values())
+        self.seconds = {"verify": verify, "generate": time.time() - start - verify}
         flat = [r for group in groups for r in group]
+        self.tokens_sampled = sum(sum(r.loss_mask) for r in flat)
         return {
             "prompt_ids": [r.prompt_ids for r in flat],
             "completion_ids": [r.token_ids for r in flat],
@@ -400,25 +423,34 @@ LOGGED = {
 
 
 class StepMetrics(TrainerCallback):
-    """One metrics.jsonl line per optimizer step; also the MoE bias update the model needs per step."""
+    """One metrics.jsonl line per optimizer step (with its tokens and CPU seconds, `mopd.compute`);
+    also the MoE bias update the model needs per step, and the end of a run that `stop` calls."""
 
-    def __init__(self, log: MetricsLog, rollouts: GroupRollouts):
-        self.log, self.rollouts = log, rollouts
-        self.step_start, self.row = 0.0, {}
+    def __init__(self, log: MetricsLog, rollouts: GroupRollouts, stop=None):
+        self.log, self.rollouts, self.stop = log, rollouts, stop
+        self.step_start, self.cpu_start, self.row = 0.0, 0.0, {}
+        self.trainer = None  # set once the trainer exists: it counts the tokens it trained on
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.step_start = time.time()
+        self.step_start, self.cpu_start = time.time(), cpu_seconds()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         seconds = time.time() - self.step_start
         self.row = {f"time_{k}": v for k, v in self.rollouts.seconds.items()}
         self.row["time_train"] = seconds - sum(self.rollouts.seconds.values())
+        self.row["tokens_sampled"] = self.rollouts.tokens_sampled
+        trained = getattr(self.trainer, "tokens_trained", None)
+        if trained is not None:
+            self.row["tokens_trained"] = trained
+        self.row["cpu_s"] = cpu_seconds() - self.cpu_start
         self.row.update(model.update_moe_bias())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
             values = {name: logs[key] for key, name in LOGGED.items() if key in logs}
             self.log.log(state.global_step, **values, **self.row)
+            if self.stop is not None and self.stop(self.log.records()):
+                control.should_training_stop = True
 
 
 def last_checkpoint(folder: Path) -> str | None:

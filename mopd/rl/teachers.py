@@ -33,6 +33,7 @@ import torch
 from mopd.artifacts import MetricsLog, config_hash, read_json, write_json_atomic
 from mopd.base.sft import base_checkpoint, check_checkpoint
 from mopd.cluster import StatusLines, run_in_slots, slots, start_ray
+from mopd.compute import checkpoint_active_parameters, steps_compute, total_compute
 from mopd.envs.tokenizer import transcript_text
 from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
 from mopd.rl.evaluate import evaluate_cell
@@ -60,6 +61,21 @@ def train_teachers(
             if started:
                 ray.shutdown()
     return {cell: read_json(teacher_dir(run_dir, cell) / "teacher.json") for cell in specs}
+
+
+def teachers_compute(recipe: Recipe, run_dir: str | Path, recipe_dir: Path | None = None) -> dict[str, Any]:
+    """The teachers stage's compute (`mopd.compute`): each teacher's from its metrics.jsonl (wall_s:
+    its steps' seconds), and their total."""
+    run_dir = Path(run_dir)
+    parts = {
+        cell: steps_compute(
+            MetricsLog(teacher_dir(run_dir, cell) / "metrics.jsonl").records(),
+            checkpoint_active_parameters(init_dir(spec, recipe, run_dir)),
+            wall_keys=STEP_TIMES,
+        )
+        for cell, spec in load_teacher_specs(recipe, recipe_dir).items()
+    }
+    return {**total_compute(parts), "teachers": parts}
 
 
 def select_cells(specs: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
