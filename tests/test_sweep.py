@@ -47,7 +47,9 @@ def write_runs(tmp_path: Path, seeds, accuracy, tokens) -> dict[int, Path]:
         (run / "bench" / "report.json").write_text(json.dumps(planted_report(seed, accuracy, tokens)))
         for stage, seconds in (("base", 100.0), ("teachers", 50.0), ("distill", 20.0), ("bench", 10.0)):
             (run / stage).mkdir(exist_ok=True)
-            (run / stage / "stage.json").write_text(json.dumps({"seconds": seconds}))
+            flops = {"teachers": 4e12, "distill": (1 + seed) * 1e12}.get(stage)  # MOPD ÷ teachers 0.25, 0.5, 0.75
+            compute = {"compute": {"flops": flops}} if flops else {}
+            (run / stage / "stage.json").write_text(json.dumps({"seconds": seconds, **compute}))
         runs[seed] = run
     return runs
 
@@ -73,11 +75,15 @@ def test_claims_follow_the_planted_accuracies(tmp_path):
     assert cell["teacher"]["low"] < 0.7 < cell["teacher"]["high"]
     assert cell["per_seed"]["base"] == [statistics.fmean(r) for r in per_seed_rewards(tmp_path, "base", "general", "high")]
     assert summary["runs"]["0"]["seconds"] == 180.0
+    mopd_share = summary["compute"]["mopd_over_teachers"]
+    assert mopd_share["mean"] == pytest.approx(0.5) and mopd_share["low"] < 0.5 < mopd_share["high"]
+    assert "mixed_rl_over_teachers_plus_mopd" not in summary["compute"]  # no baseline in these runs
 
     files = write_summary(summary, tmp_path, "mopd sweep planted")
     text = (tmp_path / "summary.md").read_text()
     assert files == ["summary.json", "summary.md", "summary.png"] and (tmp_path / "summary.png").stat().st_size > 0
     assert "**does not hold** (fails in code-low)" in text and "(fails in agent-max)" in text
+    assert "MOPD compute ÷ the teachers' RL compute: 0.500 [" in text
     assert "overlap 0/" in text and json.loads((tmp_path / "summary.json").read_text())["command"] == "mopd sweep planted"
 
 

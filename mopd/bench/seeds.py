@@ -32,6 +32,7 @@ from mopd.bench.suite import BenchError
 from mopd.envs.base import DOMAINS, EFFORTS
 
 TARGET_RATIO = 0.9
+STAGES = ("base", "teachers", "distill", "baselines/mixed_rl", "bench")
 # Student's t 97.5% quantiles by degrees of freedom; a fractional df takes the next lower row
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
          10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
@@ -74,6 +75,7 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
         "pooled": pooled_summary(reports, cells),
         "efforts": {d: effort_summary(reports, d) for d in dict.fromkeys(d for d, _ in cells)},
     }
+    summary["compute"] = compute_ratios(summary["runs"])
     summary["claims"] = claims(summary)
     return summary
 
@@ -97,13 +99,28 @@ def check_same_suite(reports: dict[int, dict]) -> None:
 
 def run_facts(run: Path, report: dict[str, Any]) -> dict[str, Any]:
     """Where a seed's run is and how long its stages took (summed from each stage.json)."""
-    stages = {}
-    for stage in ("base", "teachers", "distill", "baselines/mixed_rl", "bench"):
+    stages, flops = {}, {}
+    for stage in STAGES:
         marker = read_json(run / stage / "stage.json", default=None)
         if marker is not None:
             stages[stage] = marker.get("seconds")
+            if "flops" in marker.get("compute", {}):
+                flops[stage] = marker["compute"]["flops"]
     return {"dir": str(run), "stage_seconds": stages, "seconds": round(sum(v or 0 for v in stages.values()), 1),
-            "code_sandbox": report.get("code_sandbox")}
+            "flops": flops, "code_sandbox": report.get("code_sandbox")}
+
+
+def compute_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per seed, from the stages' FLOP estimates (runs that predate compute accounting have none):
+    MOPD ÷ the teachers' RL, and the mixed-RL baseline ÷ (teachers + MOPD), its match."""
+    ratios: dict[str, list[float]] = {"mopd_over_teachers": [], "mixed_rl_over_teachers_plus_mopd": []}
+    for run in runs.values():
+        f = run["flops"]
+        if f.get("teachers") and "distill" in f:
+            ratios["mopd_over_teachers"].append(f["distill"] / f["teachers"])
+            if "baselines/mixed_rl" in f:
+                ratios["mixed_rl_over_teachers_plus_mopd"].append(f["baselines/mixed_rl"] / (f["teachers"] + f["distill"]))
+    return {name: asdict(over_seeds(values)) for name, values in ratios.items() if values}
 
 
 def overlap(reports: dict[int, dict]) -> dict[str, Any]:
@@ -337,6 +354,7 @@ def markdown(summary: dict[str, Any], plot: str) -> str:
         "",
         *claims_lines(summary),
         "",
+        *compute_lines(summary),
         *cell_lines(summary),
         "",
         *effort_lines(summary),
@@ -370,6 +388,13 @@ def claims_lines(summary: dict[str, Any]) -> list[str]:
         f"3. Within each domain the student's thinking tokens and accuracy rise low < high < max: "
         f"{state(c['student_rises_with_effort'])}" + (f" (not in: {', '.join(flat)})" if flat else "") + ".",
     ]
+
+
+def compute_lines(summary: dict[str, Any]) -> list[str]:
+    names = {"mopd_over_teachers": "MOPD compute ÷ the teachers' RL compute",
+             "mixed_rl_over_teachers_plus_mopd": "mixed-RL compute ÷ (teachers + MOPD), its match"}
+    rows = [f"- {names[k]}: {Interval(**v).text('{:.3f}')} (FLOP estimates, over seeds)" for k, v in summary["compute"].items()]
+    return [*rows, ""] if rows else []
 
 
 def pooled_text(summary: dict[str, Any], key: str) -> str:
