@@ -716,7 +716,7 @@ def test_a_run_without_records_is_audit_unavailable_not_zero(tmp_path, checkpoin
     assert audits[("base", "general-low")] == {"tasks": 0, "overlap": 0, "stages": {"base": 0}}
     assert audits[("teacher", "general-low")]["stages"] == {"base": 0, "teachers/general-low": 0}
     assert "distill wrote no training record" in audits[("student", "general-low")]["unavailable"]
-    assert "is not a base/, teachers/<cell>/ or distill/ checkpoint" in audits[("stray", "general-low")]["unavailable"]
+    assert "is not a base/, teachers/<cell>/, distill/ or baselines/mixed_rl/ checkpoint" in audits[("stray", "general-low")]["unavailable"]
     assert "not inside a run directory" in audits[("outside", "general-low")]["unavailable"]
 
 

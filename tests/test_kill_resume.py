@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CELLS = ["general-low", "code-low", "agent-low", "general-high", "code-max"]
 DISTILL_STEPS = 3
 OVERRIDES = [
+    "baselines.mixed_rl=null",  # the smoke recipe's baseline: its resume is that of any GRPO run (CI time)
     f"teachers.cells=[{','.join(CELLS)}]",
     "distill.mix={" + ", ".join(f"{cell}: 1" for cell in CELLS) + "}",
     f"distill.steps={DISTILL_STEPS}",
