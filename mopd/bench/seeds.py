@@ -139,7 +139,7 @@ def overlap(reports: dict[int, dict]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ per cell
 def scores(report: dict[str, Any], model: str, domain: str, effort: str) -> list[float] | None:
-    row = next((r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == (model, domain, effort)), None)
+    row = row_of(report, model, domain, effort)
     return None if row is None else row["task_rewards"]
 
 
@@ -214,8 +214,8 @@ def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
     }
 
 
-def row_of(report: dict[str, Any], model: str, domain: str, effort: str) -> dict[str, Any]:
-    return next(r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == (model, domain, effort))
+def row_of(report: dict[str, Any], model: str, domain: str, effort: str) -> dict[str, Any] | None:
+    return next((r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == (model, domain, effort)), None)
 
 
 # ---------------------------------------------------------------------------------- the claims
