@@ -91,9 +91,9 @@ def test_the_server_logs_no_traceback(server):
 
 
 def readme_serve_command(model: Path) -> tuple[dict[str, str], list[str]]:
-    """The server command of the README's "Serve the student" (its first `python -m ...` line, with
+    """The server command of the README's "Serve and export the student" (its first `python -m ...` line, with
     its leading VAR=value settings), run by this interpreter on `model`."""
-    section = README.read_text().split("### Serve the student", 1)[1]
+    section = README.read_text().split("### Serve", 1)[1]
     code = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     words = shlex.split(next(line for line in code.splitlines() if " python -m " in f" {line}"))
     python = words.index("python")
