@@ -108,3 +108,15 @@ class MetricsLog:
             f.write(json.dumps({"step": step, **metrics}, default=float) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------- learning-curve snapshots
+def curve_snapshot(stage_dir: str | Path, step: int) -> Path:
+    """Where a training stage keeps its policy after `step` for the `curves` stage: `curve/step-NNNNNN`."""
+    return Path(stage_dir) / "curve" / f"step-{step:06d}"
+
+
+def curve_snapshots(stage_dir: str | Path) -> dict[int, Path]:
+    """step → snapshot of a stage's complete snapshots (each written whole by `atomic_dir`)."""
+    found = sorted((Path(stage_dir) / "curve").glob("step-*"))
+    return {int(path.name.removeprefix("step-")): path for path in found if (path / "config.json").is_file()}

@@ -142,8 +142,9 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
         train_teachers(ctx.recipe, ctx.run_dir, recipe_dir=recipe_dir)
         return teachers_compute(ctx.recipe, ctx.run_dir, recipe_dir)
 
-    code = stages_judging_code(recipe, specs, suite)
+    code = stages_judging_code(recipe, specs, suite, recipe_dir)
     baselines = baseline_stages(recipe, shared, recipe_dir, "mixed_rl" in code)
+    curves = curves_stages(recipe, shared, recipe_dir, [b.name for b in baselines], "curves" in code)
     return [
         Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
               judges_code="base" in code),
@@ -158,6 +159,7 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
         Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
               run_distill, needs=("base", "teachers"), judges_code="distill" in code),
         *baselines,
+        *curves,
         Stage("bench", {**shared, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
               run_bench_stage, needs=("base", "teachers", "distill", *(b.name for b in baselines)),
               judges_code="bench" in code),
@@ -175,10 +177,25 @@ def baseline_stages(recipe: Recipe, shared: dict[str, Any], recipe_dir: Path | N
                   needs=("base", "teachers", "distill"), judges_code=judges_code)]  # fmt: skip
 
 
-def stages_judging_code(recipe: Recipe, specs: dict, suite: Path) -> set[str]:
+def curves_stages(
+    recipe: Recipe, shared: dict[str, Any], recipe_dir: Path | None, baselines: list[str], judges_code: bool
+) -> list[Stage]:
+    """`curves` when the recipe asks for learning curves: the snapshots of distill and the baselines on dev."""
+    if recipe.curves is None:
+        return []
+    from mopd.bench.curves import check_curves_suite, run_curves_stage
+
+    suite = check_curves_suite(recipe, recipe_dir)  # a test suite is refused before any stage runs
+    config = {**shared, "rollout": recipe.rollout, "curves": hashed_fields(recipe.curves), "suite": suite.read_text()}
+    return [Stage("curves", config, lambda ctx: run_curves_stage(ctx, suite),
+                  needs=("base", "teachers", "distill", *baselines), judges_code=judges_code)]  # fmt: skip
+
+
+def stages_judging_code(recipe: Recipe, specs: dict, suite: Path, recipe_dir: Path | None = None) -> set[str]:
     """The stages that run candidate programs in the code sandbox: base (verifying its corrupted
-    traces), teachers, distill and the mixed-RL baseline with a code cell, bench with a code domain."""
+    traces), teachers, distill and the mixed-RL baseline with a code cell, bench and curves with a code domain."""
     from mopd.bench.suite import load_suite
+    from mopd.recipe import resolve_path
 
     stages = set()
     if recipe.base.checkpoint is None and recipe.base.sft.mix.get("code", 0) > 0:
@@ -191,6 +208,8 @@ def stages_judging_code(recipe: Recipe, specs: dict, suite: Path) -> set[str]:
         stages.add("bench")
     if recipe.baselines.mixed_rl is not None and any(c.startswith("code-") for c in recipe.baselines.mixed_rl.cells):
         stages.add("mixed_rl")
+    if recipe.curves is not None and "code" in load_suite(resolve_path(recipe.curves.suite, recipe_dir)).domains:
+        stages.add("curves")
     return stages
 
 
@@ -206,7 +225,7 @@ def check_code_sandbox(recipe: Recipe, recipe_dir: Path | None = None) -> str | 
     from mopd.recipe import load_teacher_specs, resolve_path
 
     specs = load_teacher_specs(recipe, recipe_dir)
-    judging = stages_judging_code(recipe, specs, resolve_path(recipe.bench.suite, recipe_dir))
+    judging = stages_judging_code(recipe, specs, resolve_path(recipe.bench.suite, recipe_dir), recipe_dir)
     return code_sandbox(recipe) if judging else None
 
 

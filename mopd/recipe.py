@@ -175,6 +175,9 @@ class DistillSpec(Strict):
     )
     trainer_workers: int = Field(1, ge=1, description="FSDP2 ranks the student trains on, one Ray actor each (and a GPU on cuda); 1: in-process")
     eval_tasks: int = Field(0, ge=0, description="held-out tasks per cell scored for student and teacher (eval.json)")
+    curve_every: int | None = Field(
+        None, gt=0, description="steps between learning-curve snapshots (`curve/step-N/`, scored by the `curves` stage); null: none"
+    )
 
     @model_validator(mode="after")
     def _known_cells(self) -> DistillSpec:
@@ -193,6 +196,9 @@ class MixedRLSpec(GRPOSpec):
     steps: int | None = Field(None, ge=0, description="null: until its FLOP estimate matches teachers + MOPD")
     max_steps: int = Field(10_000, gt=0, description="the most steps a matched run may take")
     cells: list[str] = Field(default_factory=lambda: list(CELLS), description="the cells whose prompts it trains on")
+    curve_every: int | None = Field(
+        None, gt=0, description="steps between learning-curve snapshots (`curve/step-N/`, scored by the `curves` stage); null: none"
+    )
 
     @model_validator(mode="after")
     def _known_cells(self) -> MixedRLSpec:
@@ -230,6 +236,17 @@ class BenchSpec(Strict):
     resources: Resources = Field(default_factory=Resources, description="what each worker holds (threads = num_cpus)")
 
 
+class CurvesSpec(Strict):
+    """The `curves` stage: the student's and the mixed-RL baseline's snapshots (`curve_every`) on a dev
+    suite, against training compute, and the compute each took to reach `target` of the teachers."""
+
+    suite: str = Field("eval/tiny-dev.yaml", description="a dev suite: curves choose nothing, but are read to compare methods, never on test")
+    n: int | None = Field(None, gt=0, description="tasks per cell; null = the suite's")
+    target: float = Field(0.9, gt=0, description="the share of the teachers' pooled dev accuracy a model must reach")
+    workers: int = Field(1, ge=1, description="engines answering (model, cell) jobs at once, one Ray actor each")
+    resources: Resources = Field(default_factory=Resources, description="what each worker holds (threads = num_cpus)")
+
+
 class SandboxSpec(Strict):
     allow_degraded: bool = Field(
         False, description="without a working bubblewrap, judge code in the weaker rlimit sandbox (labelled) instead of refusing"
@@ -256,6 +273,7 @@ class Recipe(Strict):
     distill: DistillSpec = Field(default_factory=DistillSpec)
     baselines: BaselinesSpec = Field(default_factory=BaselinesSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
+    curves: CurvesSpec | None = Field(None, description="learning curves on dev (`curves` stage); null: none")
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
 
     @field_validator("envs")
@@ -270,6 +288,15 @@ class Recipe(Strict):
         missing = [e for e in EFFORTS if e not in self.efforts]
         if missing:
             raise ValueError(f"efforts: missing {missing}; each of {list(EFFORTS)} needs a budget")
+        return self
+
+    @model_validator(mode="after")
+    def _curves_have_snapshots(self) -> Recipe:
+        if self.curves is not None and self.distill.curve_every is None:
+            raise ValueError("curves: needs distill.curve_every, the steps between the student's snapshots")
+        mixed = self.baselines.mixed_rl
+        if self.curves is not None and mixed is not None and mixed.curve_every is None:
+            raise ValueError("curves: needs baselines.mixed_rl.curve_every, the steps between the baseline's snapshots")
         return self
 
     def env_options(self, domain: str) -> dict[str, Any]:

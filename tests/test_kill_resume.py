@@ -24,6 +24,7 @@ CELLS = ["general-low", "code-low", "agent-low", "general-high", "code-max"]
 DISTILL_STEPS = 3
 OVERRIDES = [
     "baselines.mixed_rl=null",  # the smoke recipe's baseline: its resume is that of any GRPO run (CI time)
+    "curves=null",  # and its learning curves: a bench of snapshots, nothing to resume mid-way
     f"teachers.cells=[{','.join(CELLS)}]",
     "distill.mix={" + ", ".join(f"{cell}: 1" for cell in CELLS) + "}",
     f"distill.steps={DISTILL_STEPS}",

@@ -1,10 +1,13 @@
 """`mopd run recipes/smoke.yaml`: every stage end to end, then a re-run that skips them all; the
 training records the stages wrote, and the bench's audit that reads them."""
 
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from mopd.base.sft import mix_domains, sft_tasks
 from mopd.bench.audit import audit_jobs
@@ -18,7 +21,7 @@ from mopd.recipe import CELLS, load_recipe, load_teacher_specs
 from mopd.rl.grpo import teacher_env, teacher_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ["base", "teachers", "distill", "baselines/mixed_rl", "bench"]
+STAGES = ["base", "teachers", "distill", "baselines/mixed_rl", "curves", "bench"]
 
 
 def run_smoke(out: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -40,6 +43,7 @@ def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
     assert report["results"] and (run / "bench" / "report.md").is_file()
 
     check_compute_accounting_and_the_mixed_rl_baseline(run, report)
+    check_learning_curves(run)
 
     # `mopd sweep` over seed 0 resumes that run (every stage skipped) and summarises it
     mopd = Path(sys.executable).parent / "mopd"
@@ -53,6 +57,8 @@ def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
     row = next(r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == ("base", "general", "low"))
     assert summary["cells"]["general-low"]["base"]["mean"] == row["accuracy"]
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.png").is_file()
+    assert summary["curves"]["seeds"]["0"]["bar"] == json.loads((run / "curves" / "curves.json").read_text())["bar"]
+    assert "## Compute to reach 90% of the teachers (dev suite" in (tmp_path / "summary.md").read_text()
     check_training_records_and_their_audit(run, report)
 
 
@@ -80,6 +86,26 @@ def check_compute_accounting_and_the_mixed_rl_baseline(run: Path, report: dict) 
     assert models["mixed_rl"]["compute"]["post_training"]["flops"] == mixed["flops"]
     assert models["student"]["compute"]["post_training"]["flops"] == mixed["target_flops"]
     assert "| mixed_rl |" in (run / "bench" / "report.md").read_text()
+
+
+def check_learning_curves(run: Path) -> None:
+    """The curves stage scored each snapshot of the student and the baseline on dev, every point at the
+    FLOPs of the steps before it: the teachers' RL and MOPD's steps for the student, its own for the baseline."""
+    curves = json.loads((run / "curves" / "curves.json").read_text())
+    assert curves["split"] == "dev" and curves["overlap"]["overlap"] == 0 and curves["overlap"]["rows_without_audit"] == 0
+    compute = {s: json.loads((run / s / "stage.json").read_text())["compute"] for s in ("teachers", "distill", "baselines/mixed_rl")}
+    student, mixed = curves["series"]["student"]["points"], curves["series"]["mixed_rl"]["points"]
+    assert [p["step"] for p in student] == [0, 1, 2]  # the base, the snapshot after step 1, the model
+    assert student[0]["flops"] == compute["teachers"]["flops"]
+    assert student[-1]["flops"] == pytest.approx(compute["teachers"]["flops"] + compute["distill"]["flops"])
+    last, every = compute["baselines/mixed_rl"]["steps"], load_recipe(ROOT / "recipes/smoke.yaml").baselines.mixed_rl.curve_every
+    assert [p["step"] for p in mixed] == sorted({0, *range(every, last + 1, every), last})
+    assert mixed[0]["flops"] == 0 and mixed[-1]["flops"] == pytest.approx(compute["baselines/mixed_rl"]["flops"])
+    assert all(a["flops"] < b["flops"] for series in (student, mixed) for a, b in itertools.pairwise(series))
+    assert curves["bar"] == pytest.approx(0.9 * curves["teachers_pooled"])
+    for step in range(every, last, every):
+        assert (run / "baselines" / "mixed_rl" / "curve" / f"step-{step:06d}" / "model.safetensors").is_file()
+    assert (run / "curves" / "curves.png").is_file() and "Learning curves" in (run / "curves" / "curves.md").read_text()
 
 
 def check_training_records_and_their_audit(run: Path, report: dict) -> None:

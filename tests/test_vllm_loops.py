@@ -120,6 +120,7 @@ def test_grpo_pushes_every_step_into_vllm(watched, tmp_path):
     train_teacher(spec, recipe, tmp_path / "base", tmp_path / "teacher")
 
     (engine,) = watched
+    assert engine.closed  # shut down by the loop: left to the GC, its teardown can break the process's next engine
     rows = [json.loads(line) for line in (tmp_path / "teacher/metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert rows[0]["grad_norm"] > 0, "no learning signal in step 1: the weights would not change"
@@ -144,6 +145,7 @@ def test_mopd_pushes_every_step_into_vllm(watched, tmp_path, tiny_tokenizer):
     )  # fmt: skip
 
     (engine,) = watched
+    assert engine.closed  # as GRPO's: the next engine of this process starts on a clean vLLM state
     rows = [json.loads(line) for line in (tmp_path / "mopd/metrics.jsonl").read_text().splitlines()]
     assert [row["policy_version"] for row in rows] == [0, 1]  # step 2 sampled from step 1's weights
     # the sampler's log-probs are the trainer's own: in step 2 too, after the push

@@ -32,7 +32,7 @@ from mopd.bench.suite import BenchError
 from mopd.envs.base import DOMAINS, EFFORTS
 
 TARGET_RATIO = 0.9
-STAGES = ("base", "teachers", "distill", "baselines/mixed_rl", "bench")
+STAGES = ("base", "teachers", "distill", "baselines/mixed_rl", "curves", "bench")
 # Student's t 97.5% quantiles by degrees of freedom; a fractional df takes the next lower row
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
          10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
@@ -76,6 +76,7 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
         "efforts": {d: effort_summary(reports, d) for d in dict.fromkeys(d for d, _ in cells)},
     }
     summary["compute"] = compute_ratios(summary["runs"])
+    summary["curves"] = curves_summary(runs)
     summary["claims"] = claims(summary)
     return summary
 
@@ -121,6 +122,31 @@ def compute_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             if "baselines/mixed_rl" in f:
                 ratios["mixed_rl_over_teachers_plus_mopd"].append(f["baselines/mixed_rl"] / (f["teachers"] + f["distill"]))
     return {name: asdict(over_seeds(values)) for name, values in ratios.items() if values}
+
+
+def curves_summary(runs: dict[int, Path]) -> dict[str, Any] | None:
+    """From the runs' `curves/curves.json` (`mopd.bench.curves`), where they have one: per seed the FLOPs
+    the student (teachers + MOPD) and the mixed-RL baseline took to reach the bar on dev, and mixed ÷ MOPD
+    over seeds (a geometric mean, its t interval on the log scale) among seeds where both reached it."""
+    found = {seed: read_json(run / "curves" / "curves.json") for seed, run in sorted(runs.items())}
+    found = {seed: curves for seed, curves in found.items() if curves is not None}
+    if not found:
+        return None
+    per_seed = {
+        str(seed): {"bar": c["bar"], "overlap": c["overlap"], "mixed_over_mopd": c.get("mixed_over_mopd"),
+                    **{name: series["reached"]["flops"] for name, series in c["series"].items()}}
+        for seed, c in found.items()
+    }  # fmt: skip
+    first = next(iter(found.values()))
+    logs = [math.log(s["mixed_over_mopd"]) for s in per_seed.values() if s["mixed_over_mopd"] is not None]
+    log_interval = over_seeds(logs) if logs else None
+    return {
+        "suite": first["suite"], "split": first["split"], "target": first["target"], "seeds": per_seed,
+        "mixed_over_mopd": None if log_interval is None else asdict(Interval(
+            *(math.exp(v) for v in (log_interval.mean, log_interval.low, log_interval.high)), log_interval.se, log_interval.df
+        )),
+        "both_reached": len(logs),
+    }  # fmt: skip
 
 
 def overlap(reports: dict[int, dict]) -> dict[str, Any]:
@@ -355,6 +381,7 @@ def markdown(summary: dict[str, Any], plot: str) -> str:
         *claims_lines(summary),
         "",
         *compute_lines(summary),
+        *curves_lines(summary),
         *cell_lines(summary),
         "",
         *effort_lines(summary),
@@ -395,6 +422,34 @@ def compute_lines(summary: dict[str, Any]) -> list[str]:
              "mixed_rl_over_teachers_plus_mopd": "mixed-RL compute ÷ (teachers + MOPD), its match"}
     rows = [f"- {names[k]}: {Interval(**v).text('{:.3f}')} (FLOP estimates, over seeds)" for k, v in summary["compute"].items()]
     return [*rows, ""] if rows else []
+
+
+def curves_lines(summary: dict[str, Any]) -> list[str]:
+    curves = summary.get("curves")
+    if not curves:
+        return []
+
+    def flops(value: float | None) -> str:
+        return "not reached" if value is None else f"{value:.3g}"
+
+    def number(value: float | None) -> str:
+        return "—" if value is None else f"{value:.2f}"
+
+    ratio = curves["mixed_over_mopd"]
+    over = ("no seed where both reached it" if ratio is None
+            else f"{Interval(**ratio).text()} (geometric mean over {curves['both_reached']} seed(s); above 1: MOPD needed less)")
+    return [
+        f"## Compute to reach {curves['target']:.0%} of the teachers ({curves['split']} suite `{curves['suite']}`)",
+        "",
+        "| seed | bar (dev accuracy) | teachers + MOPD FLOPs | mixed-RL FLOPs | mixed ÷ MOPD | audit |",
+        "|---|---:|---:|---:|---:|---|",
+        *[f"| {seed} | {s['bar']:.3f} | {flops(s.get('student'))} | {flops(s.get('mixed_rl'))} | "
+          f"{number(s['mixed_over_mopd'])} | overlap {s['overlap']['overlap']}/{s['overlap']['tasks']} |"
+          for seed, s in curves["seeds"].items()],
+        "",
+        f"Mixed RL's FLOPs to the bar ÷ MOPD's: {over}.",
+        "",
+    ]
 
 
 def pooled_text(summary: dict[str, Any], key: str) -> str:

@@ -8,6 +8,7 @@
         loss     ← mopd_loss(trainer's recomputed log πθ, sampler log-probs, teacher log-probs)
         optimizer step, MoE bias update, engine.update_weights       the next batch is on-policy
         metrics per cell; a checkpoint every N steps (resume continues from the last one)
+        a learning-curve snapshot every `curve_every` steps (`curve/step-N/`, for the `curves` stage)
 
 With `distill.max_staleness` ≥ 1 sampling runs one step off (`mopd.distill.async_rollouts`): while
 step n scores and trains, a background thread samples step n+1 from the weights before step n's
@@ -39,7 +40,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mopd.artifacts import MetricsLog, atomic_dir, read_json, write_json_atomic
+from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot, read_json, write_json_atomic
 from mopd.base.sft import pack
 from mopd.compute import checkpoint_active_parameters, cpu_seconds, steps_compute
 from mopd.distill.async_rollouts import RolloutProducer
@@ -72,12 +73,7 @@ def run_distill(ctx) -> dict:
     """Pipeline stage: the recipe's student (the base by default) distilled from its teachers, then
     scored on every cell's held-out tasks beside its teacher (`eval.json`); returns its compute."""
     recipe, spec = ctx.recipe, ctx.recipe.distill
-    base = recipe.base.checkpoint or ctx.inputs.get("base", ctx.run_dir / "base")
-    student = spec.student or checkpoint_in(base)
-    teachers_dir = Path(ctx.inputs.get("teachers", ctx.run_dir / "teachers"))
-    teachers = {
-        cell: spec.teachers.get(cell) or checkpoint_in(teachers_dir / cell) for cell in spec.mix if spec.mix[cell] > 0
-    }
+    student, teachers = distill_models(recipe, ctx.run_dir, ctx.inputs)
     final = train_mopd(
         student, teachers, spec, ctx.dir,
         efforts=recipe.efforts, env_options={d: recipe.env_options(d) for d in DOMAINS}, backend=recipe.rollout,
@@ -86,6 +82,15 @@ def run_distill(ctx) -> dict:
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
     return distill_compute(MetricsLog(ctx.dir / "metrics.jsonl").records(), student, teachers)
+
+
+def distill_models(recipe, run_dir: Path, inputs: Mapping[str, Path]) -> tuple[Path, dict[str, Path]]:
+    """The checkpoint a run's MOPD starts from, and the teacher of each cell of its mix."""
+    spec = recipe.distill
+    base = recipe.base.checkpoint or inputs.get("base", run_dir / "base")
+    teachers_dir = Path(inputs.get("teachers", run_dir / "teachers"))
+    teachers = {cell: Path(spec.teachers.get(cell) or checkpoint_in(teachers_dir / cell)) for cell in spec.mix if spec.mix[cell] > 0}
+    return Path(spec.student or checkpoint_in(base)), teachers
 
 
 def distill_compute(records: list[dict], student: Path, teachers: Mapping[str, str | Path]) -> dict:
@@ -181,8 +186,12 @@ def train_mopd(
             bar.set_postfix(kl=f"{metrics['reverse_kl']:.3f}", reward=f"{metrics['reward']:.2f}")
             if step % spec.checkpoint_every == 0 or step == spec.steps:
                 save_checkpoint(out_dir, step, student)
+            if spec.curve_every and step % spec.curve_every == 0 and step < spec.steps:  # the last is model/
+                with atomic_dir(curve_snapshot(out_dir, step)) as tmp:
+                    student.save(tmp)
     finally:
         producer.close()
+        engine.close()  # now, not by the garbage collector under the next engine of this process
         bar.close()
         teachers.close()
         student.close()

@@ -34,7 +34,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from mopd.artifacts import MetricsLog
+from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot
 from mopd.compute import cpu_seconds
 from mopd.envs import get_env
 from mopd.envs.splits import task_keys, write_trained_on
@@ -72,17 +72,27 @@ def train_teacher(
 
 def train_grpo(
     spec, recipe, init_dir: Path, out_dir: Path, envs: dict, tasks: list, efforts: dict,
-    backend: str | None = None, trainer_class: type | None = None, stop=None,
+    backend: str | None = None, trainer_class: type | None = None, stop=None, curve_every: int | None = None,
 ) -> int:  # fmt: skip
     """GRPO from `init_dir` on `tasks` (each verified by its domain's env, at its effort), resuming from
     out_dir's last checkpoint; returns the step resumed from. `stop(records)`, when given, ends the run
-    after a step where it returns True (metrics.jsonl's records so far)."""
+    after a step where it returns True (metrics.jsonl's records so far). `curve_every`: keep the policy
+    every that many steps in `curve/step-N/` (the `curves` stage scores them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(init_dir, backend=backend or recipe.rollout)
+    try:
+        return grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, trainer_class, stop, curve_every)
+    finally:
+        engine.close()  # now: the garbage collector's teardown could reset vLLM's state under this process's next engine
+
+
+def grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, trainer_class, stop, curve_every) -> int:
+    """train_grpo's run, sampling with `engine`."""
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     write_trained_on(out_dir, task_keys(tasks))  # the whole deterministic list: a resumed run records the same
     rollouts = GroupRollouts(
-        engine=create_engine(init_dir, backend=backend or recipe.rollout),
+        engine=engine,
         reference=create_engine(init_dir, backend="hf"),
         tokenizer=tokenizer,
         envs=envs,
@@ -103,6 +113,8 @@ def train_grpo(
         )
     max_new_tokens = max(effort.max_new_tokens for effort in efforts.values())
     step_metrics = StepMetrics(metrics, rollouts, stop)
+    if curve_every:
+        step_metrics.snapshots = Snapshots(out_dir, curve_every, tokenizer, use_cache)
     trainer = (trainer_class or LengthSortedGRPOTrainer)(
         model=model,
         reward_funcs=shaped_reward,
@@ -430,6 +442,7 @@ class StepMetrics(TrainerCallback):
         self.log, self.rollouts, self.stop = log, rollouts, stop
         self.step_start, self.cpu_start, self.row = 0.0, 0.0, {}
         self.trainer = None  # set once the trainer exists: it counts the tokens it trained on
+        self.snapshots: Snapshots | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.step_start, self.cpu_start = time.time(), cpu_seconds()
@@ -444,6 +457,8 @@ class StepMetrics(TrainerCallback):
             self.row["tokens_trained"] = trained
         self.row["cpu_s"] = cpu_seconds() - self.cpu_start
         self.row.update(model.update_moe_bias())
+        if self.snapshots is not None:
+            self.snapshots.keep(model, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
@@ -451,6 +466,25 @@ class StepMetrics(TrainerCallback):
             self.log.log(state.global_step, **values, **self.row)
             if self.stop is not None and self.stop(self.log.records()):
                 control.should_training_stop = True
+
+
+class Snapshots:
+    """The policy after every `every`-th step in `curve/step-N/`, saved as the final model is (the
+    config's own `use_cache`, which transformers' Trainer turns off), so engines swap it in like any."""
+
+    def __init__(self, out_dir: Path, every: int, tokenizer, use_cache: bool):
+        self.out_dir, self.every, self.tokenizer, self.use_cache = out_dir, every, tokenizer, use_cache
+
+    def keep(self, model, step: int) -> None:
+        if step % self.every:
+            return
+        training_value, model.config.use_cache = model.config.use_cache, self.use_cache
+        try:
+            with atomic_dir(curve_snapshot(self.out_dir, step)) as tmp:
+                model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+        finally:
+            model.config.use_cache = training_value
 
 
 def last_checkpoint(folder: Path) -> str | None:

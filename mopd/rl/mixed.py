@@ -53,7 +53,7 @@ def run_mixed_rl(ctx, recipe_dir: Path | None = None) -> dict[str, Any]:
     try:
         tasks = mixed_tasks(envs, spec.cells, math.ceil(max(prompts, spec.prompts_per_step) / len(spec.cells)), recipe.seed)
         stop = None if target is None else flop_stop(target, active)
-        train_grpo(spec, recipe, base, ctx.dir, envs, tasks, dict(recipe.efforts), stop=stop)
+        train_grpo(spec, recipe, base, ctx.dir, envs, tasks, dict(recipe.efforts), stop=stop, curve_every=spec.curve_every)
     finally:
         for env in envs.values():
             if hasattr(env, "close"):

@@ -39,6 +39,7 @@ class VllmEngine:
         self.has_tokenizer = _has_tokenizer(Path(model_dir))
         self.max_model_len = max_model_len
         self.policy_version = 0
+        self.closed = False
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,
@@ -55,8 +56,10 @@ class VllmEngine:
     def close(self) -> None:
         """Shut the engine down now. Left to the garbage collector, its teardown can come after the
         next engine of this process has started, and it resets vLLM's process-wide parallel state
-        under that engine ("pipeline model parallel group is not initialized")."""
-        self.llm.llm_engine.engine_core.shutdown()
+        under that engine ("pipeline model parallel group is not initialized"). A second call does nothing."""
+        if not self.closed:
+            self.closed = True
+            self.llm.llm_engine.engine_core.shutdown()
 
     def generate(
         self, prompt_ids: list[list[int]], n: int = 1, sampling: Sampling = DEFAULT_SAMPLING
