@@ -14,9 +14,12 @@ export TRL_EXPERIMENTAL_SILENCE ?= 1
 run: $(STAMP) system-deps
 	$(BIN)/mopd run recipes/tiny.yaml
 
+# two pytest workers, a test file each at a time, one torch thread each: the suite leaves a core idle
+# most of the time, and two-thread torch beside another process thrashes (TEST_WORKERS=0: one process)
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	OMP_NUM_THREADS=1 $(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,6 +6,12 @@ import torch
 SET_NUM_THREADS = torch.set_num_threads
 
 
+def pytest_collection_modifyitems(items):
+    """Slow tests first: under `make test` (two workers, a file each) the longest files then start
+    together and the rest fills in beside them, instead of one running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     """Tests are tiny: one intra-op thread avoids oversubscribing the 2 cores (far faster here).

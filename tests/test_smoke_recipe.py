@@ -30,6 +30,7 @@ def run_smoke(out: Path, *overrides: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
     run = tmp_path / "seed-0"
     first = run_smoke(run)
