@@ -14,12 +14,13 @@ export TRL_EXPERIMENTAL_SILENCE ?= 1
 run: $(STAMP) system-deps
 	$(BIN)/mopd run recipes/tiny.yaml
 
-# two pytest workers, a test file each at a time, one torch thread each: the suite leaves a core idle
-# most of the time, and two-thread torch beside another process thrashes (TEST_WORKERS=0: one process)
+# two pytest workers, a test file each at a time in collection order (slow files first: tests/conftest.py),
+# one torch thread each: the serial suite left a core idle most of the time, and two-thread torch beside
+# another process thrashes (TEST_WORKERS=0: one process)
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	OMP_NUM_THREADS=1 $(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
