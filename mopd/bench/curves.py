@@ -32,6 +32,7 @@ from typing import Any
 from mopd.artifacts import MetricsLog, curve_snapshots, read_json, write_json_atomic, write_text_atomic
 from mopd.bench.audit import base_dir, checkpoint_in
 from mopd.bench.run import ModelRef, bench_compute, run_bench
+from mopd.bench.seeds import overlap
 from mopd.bench.suite import load_suite
 from mopd.compute import checkpoint_active_parameters, steps_compute
 from mopd.recipe import CELLS, Recipe, RecipeError, resolve_path
@@ -80,13 +81,14 @@ def curve_points(recipe: Recipe, run_dir: Path, inputs: dict[str, Path]) -> list
     from mopd.distill.trainer import distill_compute, distill_models
 
     student, teachers = distill_models(recipe, run_dir, inputs)
+    trained_in = {series: Path(inputs.get(stage, run_dir / stage)) for series, stage in SERIES.items()}
     flops = {"student": lambda records: distill_compute(records, student, teachers)["flops"]}
     if recipe.baselines.mixed_rl is not None:
-        active = checkpoint_active_parameters(student)
+        active = checkpoint_active_parameters(checkpoint_in(trained_in["mixed_rl"]))
         flops["mixed_rl"] = lambda records: steps_compute(records, active)["flops"]
     points = []
     for series, fn in flops.items():
-        trained = Path(inputs.get(SERIES[series], run_dir / SERIES[series]))
+        trained = trained_in[series]
         records = MetricsLog(trained / "metrics.jsonl").records()
         last = max(r["step"] for r in records)
         snapshots = {**curve_snapshots(trained), last: checkpoint_in(trained)}
@@ -121,7 +123,7 @@ def build_curves(report: dict[str, Any], points: list[dict[str, Any]], teachers:
     curves = {
         "suite": report["suite"]["path"], "split": report["suite"]["split"], "target": target,
         "teachers": per_teacher, "teachers_pooled": fmean(per_teacher.values()), "bar": bar,
-        "teachers_flops": teachers, "series": series, "overlap": overlap(report),
+        "teachers_flops": teachers, "series": series, "overlap": overlap({0: report}),
     }  # fmt: skip
     curves["base_reaches_bar"] = pooled["base"] >= bar  # then no training is needed to reach it: no ratio
     reached = {name: s["reached"]["flops"] for name, s in series.items() if s["reached"]["flops"] is not None}
@@ -147,12 +149,6 @@ def reach(curve: list[dict[str, float]], bar: float) -> dict[str, Any]:
             return {"flops": before["flops"] + share * (after["flops"] - before["flops"]), "step": after["step"]}
     best = max(curve, key=lambda p: p["accuracy"])
     return {"flops": None, "best": best}
-
-
-def overlap(report: dict[str, Any]) -> dict[str, int]:
-    audits = [row["audit"] for row in report["results"]]
-    return {"overlap": sum(a.get("overlap", 0) for a in audits), "tasks": sum(a["tasks"] for a in audits),
-            "rows_without_audit": sum("overlap" not in a for a in audits)}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- writing
