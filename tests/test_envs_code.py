@@ -118,6 +118,10 @@ def test_bad_options_and_tasks_are_named():
         CodeEnv().solve(
             Task("t3", "code", "high", "p", {"entry": "f", "tests": [{"args": [1], "expected": 1}]})
         )
+    with pytest.raises(ValueError, match="arith_step"):
+        CodeEnv(arith_step=(0, 3))
+    with pytest.raises(ValueError, match="arith_start"):
+        CodeEnv(arith_start=(5, 2))
     with pytest.raises(ValueError, match=r"meta.tests\[0\]"):
         CodeEnv().verify(Task("t2", "code", "high", "p", {"entry": "f", "tests": [{"args": 1}]}), "x")
 
@@ -170,6 +174,23 @@ def test_arith_works_out_its_step_on_paper_above_low_effort(env):
         assert f"y = {step} * n" in solved["low"] or (step == 1 and "y = n" in solved["low"])
     verdicts = env.verify_many(tasks, [env.solve(t) for t in tasks])
     assert [v.reward for v in verdicts] == [1.0] * len(tasks)
+
+
+def test_wider_arith_ranges_hold_out_more_functions_and_stay_in_range(env):
+    """arith_start / arith_step widen the space of sequences, so dev and test hold many functions
+    (the defaults leave one or two in each) and every drawn sequence keeps to the ranges."""
+
+    def functions(code_env: CodeEnv, split: str) -> set[str]:
+        return {t.meta["content_hash"] for t in code_env.sample(200, seed=1001, split=split)}
+
+    narrow, wide = CodeEnv(families=["arith"]), CodeEnv(families=["arith"], arith_start=(0, 30), arith_step=(1, 9))
+    assert len(functions(narrow, "test")) <= 3
+    assert len(functions(wide, "test")) >= 15 and not functions(wide, "test") & functions(wide, "train")
+    tasks = wide.sample(100, seed=3)
+    for task in tasks:
+        terms = [int(t) for t in task.prompt.split("begins ")[1].split(".\n")[0].split(", ")]
+        assert 0 <= terms[0] <= 30 and 1 <= terms[1] - terms[0] <= 9
+    assert [v.reward for v in wide.verify_many(tasks, [wide.solve(t) for t in tasks])] == [1.0] * len(tasks)
 
 
 def attempt_at(task: Task, effort: str, code: str) -> tuple[Task, str]:

@@ -11,7 +11,9 @@ is the number of steps.
   sequence       f(n) -> list: an arithmetic / geometric / square sequence, then list steps
   poly           f(n) -> int: a polynomial of degree `difficulty`
   arith          f(n) -> int: term n of an arithmetic sequence shown by its first three terms; the
-                 step is not written, so the solver subtracts two terms (any difficulty)
+                 step is not written, so the solver subtracts two terms (any difficulty). The first
+                 term and the step are drawn from `arith_start` and `arith_step`: the wider they are,
+                 the more functions there are to hold out
 
 The prompt shows the signature, the steps in words and `n_examples` examples. `meta` holds the
 hidden tests (inputs AND expected outputs, computed by running the reference solution here, in
@@ -132,6 +134,8 @@ class CodeEnv:
         allow_degraded: bool = False,
         attempts: dict[str, int] | None = None,
         retry_demos: float = 0.0,
+        arith_start: tuple[int, int] = (0, 5),
+        arith_step: tuple[int, int] = (1, 4),
     ):
         self.families = tuple(families)
         unknown = [f for f in self.families if f not in FAMILIES]
@@ -152,6 +156,13 @@ class CodeEnv:
         if not 0.0 <= retry_demos <= 1.0:
             raise ValueError(f"code: retry_demos is a fraction in [0, 1], got {retry_demos}")
         self.retry_demos = retry_demos
+        for name, (low, high) in (("arith_start", arith_start), ("arith_step", arith_step)):
+            if not 0 <= low <= high or (name == "arith_step" and low < 1):
+                raise ValueError(f"code: {name} must be (low, high) with {int(name == 'arith_step')} <= low <= high, got {(low, high)}")
+        self.builders = {
+            **FAMILY_BUILDERS,
+            "arith": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step)),
+        }
         self.sandbox_options = {
             "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
         }
@@ -195,7 +206,7 @@ class CodeEnv:
 
     def _draw_function(self, family: str, split: str, rng: random.Random) -> Function:
         for _ in range(MAX_DRAWS):
-            function = FAMILY_BUILDERS[family](rng, rng.randint(*self.difficulty))
+            function = self.builders[family](rng, rng.randint(*self.difficulty))
             if split_of(content_hash(function.source)) == split:
                 return function
         raise ValueError(
@@ -442,8 +453,8 @@ def polynomial(rng: random.Random, degree: int) -> Step:
     return Step(f"return {expr}", f"y = {expr}", "y")
 
 
-def arithmetic_sequence(rng: random.Random) -> Step:
-    start, step = rng.randint(0, 5), rng.randint(1, 4)
+def arithmetic_sequence(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Step:
+    start, step = rng.randint(*starts), rng.randint(*steps)
     terms = ", ".join(str(start + i * step) for i in range(3))
     return Step(
         f"return term n (counting from 0) of the sequence that begins {terms}",
@@ -468,8 +479,12 @@ FAMILY_BUILDERS = {
         "n", "int", "list[int]", (sequence_start(rng), *(list_step(rng) for _ in range(d - 1)))
     ),
     "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
-    "arith": lambda rng, d: Function("n", "int", "int", (arithmetic_sequence(rng),)),
+    "arith": lambda rng, d: arith_function(rng),
 }
+
+
+def arith_function(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Function:
+    return Function("n", "int", "int", (arithmetic_sequence(rng, starts, steps),))
 
 
 def edge_input(arg: str) -> Any:
