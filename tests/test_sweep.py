@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mopd.bench.seeds import Interval, gain_share, ratio, summarise, two_way, write_summary
+from mopd.bench.seeds import Interval, accuracy, gain_share, ratio, summarise, two_way, write_summary
 from mopd.envs.base import DOMAINS, EFFORTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +126,25 @@ def test_ratios_by_the_delta_method_match_a_bootstrap():
     base = [[0.0] * 300 for _ in range(3)]
     assert gain_share(student, teacher, base).mean == pytest.approx(r.mean)  # a base at 0 leaves the ratio
     assert math.isnan(gain_share(student, base, teacher).mean)  # a "teacher" below its base: no share
+
+
+def test_the_pooled_row_compares_the_baseline_and_accuracies_stay_in_0_1(tmp_path):
+    """A baseline's pooled accuracy and its paired differences sit beside the cells'; an accuracy
+    near the floor keeps its interval inside [0, 1], a difference does not need to."""
+    runs = write_runs(tmp_path, [0, 1, 2], {"base": dict.fromkeys(CELLS, 0.2), "teacher": dict.fromkeys(CELLS, 0.6),
+                                            "student": dict.fromkeys(CELLS, 0.5)}, {"low": 1.0, "high": 2.0, "max": 3.0})
+    for seed, run in runs.items():
+        report = json.loads((run / "bench" / "report.json").read_text())
+        rng = random.Random(100 + seed)
+        report["models"].append({"name": "mixed_rl", "role": "baseline", "cell": None})
+        for r in [r for r in report["results"] if r["model"] == "base"]:
+            report["results"].append({**r, "model": "mixed_rl", "task_rewards": [float(rng.random() < 0.4) for _ in range(TASKS)]})
+        (run / "bench" / "report.json").write_text(json.dumps(report))
+    pooled = summarise(runs)["pooled"]
+    assert pooled["mixed_rl"]["low"] < 0.4 < pooled["mixed_rl"]["high"]
+    assert pooled["student_minus_mixed_rl"]["mean"] == pytest.approx(pooled["student"]["mean"] - pooled["mixed_rl"]["mean"])
+    floor = [[1.0] + [0.0] * 19, [0.0] * 20, [0.0] * 20]  # one right answer in 60: t's interval dips below 0
+    assert two_way(floor).low < 0 and accuracy(floor).low == 0.0 and accuracy(floor).mean == two_way(floor).mean
 
 
 def test_interval_text_says_when_there_is_one_draw():

@@ -72,7 +72,7 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
         "baselines": baselines,
         "overlap": overlap(reports),
         "cells": {f"{d}-{e}": cell_summary(reports, d, e, baselines) for d, e in cells},
-        "pooled": pooled_summary(reports, cells),
+        "pooled": pooled_summary(reports, cells, baselines),
         "efforts": {d: effort_summary(reports, d) for d in dict.fromkeys(d for d, _ in cells)},
     }
     summary["compute"] = compute_ratios(summary["runs"])
@@ -187,7 +187,22 @@ def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str
 
 def cell_summary(reports: dict[int, dict], domain: str, effort: str, baselines: list[str]) -> dict[str, Any]:
     m = {name: matrix(reports, name, domain, effort) for name in ("base", "teacher", "student", *baselines)}
-    out: dict[str, Any] = {name: asdict(two_way(x)) for name, x in m.items() if x is not None}
+    out = compared(m, baselines)
+    out["per_seed"] = {name: [statistics.fmean(row) for row in x] for name, x in m.items() if x is not None}
+    return out
+
+
+def pooled_summary(reports: dict[int, dict], cells: list[tuple[str, str]], baselines: list[str]) -> dict[str, Any]:
+    """Every cell's tasks side by side: one seeds × (cells · tasks) matrix per model."""
+    names = ("base", "teacher", "student", *baselines)
+    m = {name: joined([matrix(reports, name, d, e) for d, e in cells]) for name in names}
+    return compared(m, baselines) if all(m[name] is not None for name in ("base", "teacher", "student")) else {}
+
+
+def compared(m: dict[str, Matrix | None], baselines: list[str]) -> dict[str, Any]:
+    """Each model's accuracy and the paired differences and ratios between them, from their
+    seeds × tasks matrices (None: the model has no scores there)."""
+    out: dict[str, Any] = {name: asdict(accuracy(x)) for name, x in m.items() if x is not None}
     if m["teacher"] and m["base"]:
         out["teacher_minus_base"] = asdict(two_way(subtract(m["teacher"], m["base"])))
     if m["student"] and m["teacher"]:
@@ -199,21 +214,7 @@ def cell_summary(reports: dict[int, dict], domain: str, effort: str, baselines: 
         for model in ("student", "teacher"):
             if m[name] and m[model]:
                 out[f"{model}_minus_{name}"] = asdict(two_way(subtract(m[model], m[name])))
-    out["per_seed"] = {name: [statistics.fmean(row) for row in x] for name, x in m.items() if x is not None}
     return out
-
-
-def pooled_summary(reports: dict[int, dict], cells: list[tuple[str, str]]) -> dict[str, Any]:
-    """Every cell's tasks side by side: one seeds × (cells · tasks) matrix per model."""
-    m = {name: joined([matrix(reports, name, d, e) for d, e in cells]) for name in ("base", "teacher", "student")}
-    if any(x is None for x in m.values()):
-        return {}
-    return {
-        **{name: asdict(two_way(x)) for name, x in m.items()},
-        "teacher_minus_base": asdict(two_way(subtract(m["teacher"], m["base"]))),
-        "student_over_teacher": asdict(ratio(m["student"], m["teacher"])),
-        "gain_share": asdict(gain_share(m["student"], m["teacher"], m["base"])),
-    }
 
 
 def joined(matrices: list[Matrix | None]) -> Matrix | None:
@@ -228,14 +229,14 @@ def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
     Accuracy differences are paired over seeds and tasks; thinking tokens are a mean per seed in the
     report, so their interval is over seeds only (t with seeds − 1 degrees of freedom)."""
     efforts = [e for e in EFFORTS if scores(next(iter(reports.values())), "student", domain, e) is not None]
-    accuracy = {e: matrix(reports, "student", domain, e) for e in efforts}
+    scored = {e: matrix(reports, "student", domain, e) for e in efforts}
     tokens = {e: [row_of(r, "student", domain, e)["thinking_tokens_mean"] for r in reports.values()] for e in efforts}
     steps = list(itertools.pairwise(efforts))
     return {
         "efforts": efforts,
-        "accuracy": {e: asdict(two_way(accuracy[e])) for e in efforts},
+        "accuracy": {e: asdict(accuracy(scored[e])) for e in efforts},
         "thinking_tokens": {e: asdict(over_seeds(tokens[e])) for e in efforts},
-        "accuracy_steps": {f"{a}->{b}": asdict(two_way(subtract(accuracy[b], accuracy[a]))) for a, b in steps},
+        "accuracy_steps": {f"{a}->{b}": asdict(two_way(subtract(scored[b], scored[a]))) for a, b in steps},
         "token_steps": {f"{a}->{b}": asdict(over_seeds([y - x for x, y in zip(tokens[a], tokens[b])])) for a, b in steps},
     }
 
@@ -301,6 +302,13 @@ def two_way(x: Matrix) -> Interval:
     pieces = ms_seed**2 / (s - 1) + ms_task**2 / (t - 1) + ms_noise**2 / ((s - 1) * (t - 1))
     df = combined**2 / pieces if pieces > 0 else math.inf
     return with_t(grand, math.sqrt(combined / (s * t)), df)
+
+
+def accuracy(x: Matrix) -> Interval:
+    """`two_way` of scores in [0, 1], its interval cut to [0, 1]: an accuracy cannot leave it, though
+    a t interval on a few seeds near the floor does."""
+    a = two_way(x)
+    return a if math.isnan(a.low) else Interval(a.mean, max(0.0, a.low), min(1.0, a.high), a.se, a.df)
 
 
 def over_seeds(values: list[float]) -> Interval:
