@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mopd.bench.seeds import Interval, accuracy, gain_share, ratio, summarise, two_way, write_summary
+from mopd.bench.seeds import Interval, accuracy, gain_share, ratio, summarise, two_way, verdict, write_summary
 from mopd.envs.base import DOMAINS, EFFORTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,6 +145,16 @@ def test_the_pooled_row_compares_the_baseline_and_accuracies_stay_in_0_1(tmp_pat
     assert pooled["student_minus_mixed_rl"]["mean"] == pytest.approx(pooled["student"]["mean"] - pooled["mixed_rl"]["mean"])
     floor = [[1.0] + [0.0] * 19, [0.0] * 20, [0.0] * 20]  # one right answer in 60: t's interval dips below 0
     assert two_way(floor).low < 0 and accuracy(floor).low == 0.0 and accuracy(floor).mean == two_way(floor).mean
+
+
+def test_a_ratio_equal_to_the_target_in_exact_counts_reaches_it():
+    # the sweep's code-low student answered 9 of 384 and its teacher 10: 0.9 exactly, 0.8999999999999999 in floats
+    exact = (9 / 384) / (10 / 384)
+    assert exact < 0.9
+    assert verdict({"mean": exact, "low": exact}, above=0.9, inclusive=True) == {"holds": True, "beyond_noise": True}
+    assert verdict({"mean": 0.899, "low": 0.5}, above=0.9, inclusive=True)["holds"] is False
+    difference = 0.3 - 0.1 - 0.2  # -2.8e-17: a float zero is not above zero, nor a float-noise positive
+    assert verdict({"mean": -difference, "low": -difference}, above=0.0) == {"holds": False, "beyond_noise": False}
 
 
 def test_interval_text_says_when_there_is_one_draw():

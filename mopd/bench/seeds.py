@@ -32,6 +32,7 @@ from mopd.bench.suite import BenchError
 from mopd.envs.base import DOMAINS, EFFORTS
 
 TARGET_RATIO = 0.9
+TIE = 1e-9  # float noise in a verdict's comparison: (9/384) / (10/384) is 0.8999999999999999
 STAGES = ("base", "teachers", "distill", "baselines/mixed_rl", "curves", "bench")
 # Student's t 97.5% quantiles by degrees of freedom; a fractional df takes the next lower row
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
@@ -265,8 +266,8 @@ def claims(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdict(interval: dict[str, float], above: float, inclusive: bool = False) -> dict[str, bool]:
-    """Whether the mean, and the whole 95% interval, lie above a threshold."""
-    over = (lambda x: x >= above) if inclusive else (lambda x: x > above)
+    """Whether the mean, and the whole 95% interval, lie above a threshold; within `TIE` of it is equal."""
+    over = (lambda x: x >= above - TIE) if inclusive else (lambda x: x > above + TIE)
     return {"holds": bool(over(interval["mean"])), "beyond_noise": bool(over(interval["low"]))}
 
 
