@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from mopd.envs.base import Task
-from mopd.envs.code import FAMILIES, CodeEnv, function_from_meta
+from mopd.envs.code import FAMILIES, CodeEnv, compile_reference, function_from_meta
 from mopd.envs.data import dataset_to_tasks, tasks_to_dataset
 from mopd.envs.splits import SPLITS, content_hash, split_of
 
@@ -191,6 +192,20 @@ def test_wider_arith_ranges_hold_out_more_functions_and_stay_in_range(env):
         terms = [int(t) for t in task.prompt.split("begins ")[1].split(".\n")[0].split(", ")]
         assert 0 <= terms[0] <= 30 and 1 <= terms[1] - terms[0] <= 9
     assert [v.reward for v in wide.verify_many(tasks, [wide.solve(t) for t in tasks])] == [1.0] * len(tasks)
+
+
+def test_linear_states_its_step_so_the_body_maps_two_numbers_of_the_prompt(env):
+    """linear gives start and step in words: the reference body is `step * n + start`, with the
+    same function (and so the same split) as the arith task of that sequence."""
+    tasks = CodeEnv(families=["linear"], arith_start=(0, 30), arith_step=(1, 9)).sample(60, seed=4)
+    for task in tasks:
+        start, step = map(int, re.search(r"starts at (\d+) and adds (\d+) each time", task.prompt).groups())
+        assert 0 <= start <= 30 and 1 <= step <= 9
+        assert compile_reference(function_from_meta(task.meta).source)(7) == start + 7 * step
+    assert [v.reward for v in env.verify_many(tasks, [env.solve(t) for t in tasks])] == [1.0] * len(tasks)
+    same = CodeEnv(families=["arith"], arith_start=(0, 30), arith_step=(1, 9)).sample(60, seed=4)
+    shared = {t.meta["content_hash"] for t in tasks} & {t.meta["content_hash"] for t in same}
+    assert shared and all(split_of(key) == "train" for key in shared)
 
 
 def attempt_at(task: Task, effort: str, code: str) -> tuple[Task, str]:

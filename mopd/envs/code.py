@@ -14,6 +14,9 @@ is the number of steps.
                  step is not written, so the solver subtracts two terms (any difficulty). The first
                  term and the step are drawn from `arith_start` and `arith_step`: the wider they are,
                  the more functions there are to hold out
+  linear         f(n) -> int: term n of an arithmetic sequence given by its start and its step in
+                 words (`arith_start`, `arith_step`): the body is the rule `step * n + start` applied
+                 to two numbers of the prompt, with no subtraction to do first
 
 The prompt shows the signature, the steps in words and `n_examples` examples. `meta` holds the
 hidden tests (inputs AND expected outputs, computed by running the reference solution here, in
@@ -69,7 +72,7 @@ from mopd.envs.chat import strip_turn_end
 from mopd.envs.sandbox import Limits, Program, RunResult, Sandbox
 from mopd.envs.splits import check_split, content_hash, split_of
 
-FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly", "arith")
+FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly", "arith", "linear")
 MAX_DRAWS = 1000
 ALPHABET = "abcdeo"  # few letters, so replace/count steps usually hit something
 ATTEMPTS = {"low": 1, "high": 2, "max": 3}
@@ -162,6 +165,7 @@ class CodeEnv:
         self.builders = {
             **FAMILY_BUILDERS,
             "arith": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step)),
+            "linear": lambda rng, d: linear_function(rng, tuple(arith_start), tuple(arith_step)),
         }
         self.sandbox_options = {
             "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
@@ -464,6 +468,15 @@ def arithmetic_sequence(rng: random.Random, starts: tuple[int, int] = (0, 5), st
     )
 
 
+def stated_sequence(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Step:
+    start, step = rng.randint(*starts), rng.randint(*steps)
+    return Step(
+        f"return term n (counting from 0) of the sequence that starts at {start} and adds {step} each time",
+        f"y = {linear(step, start, 'n')}",
+        "y",
+    )
+
+
 FAMILY_BUILDERS = {
     "list_pipeline": lambda rng, d: Function(
         "xs", "list[int]", "list[int]", tuple(list_step(rng) for _ in range(d))
@@ -480,11 +493,16 @@ FAMILY_BUILDERS = {
     ),
     "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
     "arith": lambda rng, d: arith_function(rng),
+    "linear": lambda rng, d: linear_function(rng),
 }
 
 
 def arith_function(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Function:
     return Function("n", "int", "int", (arithmetic_sequence(rng, starts, steps),))
+
+
+def linear_function(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Function:
+    return Function("n", "int", "int", (stated_sequence(rng, starts, steps),))
 
 
 def edge_input(arg: str) -> Any:
