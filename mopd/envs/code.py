@@ -165,7 +165,7 @@ class CodeEnv:
         self.builders = {
             **FAMILY_BUILDERS,
             "arith": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step)),
-            "linear": lambda rng, d: linear_function(rng, tuple(arith_start), tuple(arith_step)),
+            "linear": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step), stated=True),
         }
         self.sandbox_options = {
             "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
@@ -457,24 +457,16 @@ def polynomial(rng: random.Random, degree: int) -> Step:
     return Step(f"return {expr}", f"y = {expr}", "y")
 
 
-def arithmetic_sequence(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Step:
+def arithmetic_sequence(
+    rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4), stated: bool = False
+) -> Step:
+    """Term n of start + n * step: shown by its first three terms (the step to derive), or `stated` in words."""
     start, step = rng.randint(*starts), rng.randint(*steps)
+    code = f"y = {linear(step, start, 'n')}"
+    if stated:
+        return Step(f"return term n (counting from 0) of the sequence that starts at {start} and adds {step} each time", code, "y")
     terms = ", ".join(str(start + i * step) for i in range(3))
-    return Step(
-        f"return term n (counting from 0) of the sequence that begins {terms}",
-        f"y = {linear(step, start, 'n')}",
-        "y",
-        f"{start + step}-{start}={step}",
-    )
-
-
-def stated_sequence(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Step:
-    start, step = rng.randint(*starts), rng.randint(*steps)
-    return Step(
-        f"return term n (counting from 0) of the sequence that starts at {start} and adds {step} each time",
-        f"y = {linear(step, start, 'n')}",
-        "y",
-    )
+    return Step(f"return term n (counting from 0) of the sequence that begins {terms}", code, "y", f"{start + step}-{start}={step}")
 
 
 FAMILY_BUILDERS = {
@@ -493,16 +485,14 @@ FAMILY_BUILDERS = {
     ),
     "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
     "arith": lambda rng, d: arith_function(rng),
-    "linear": lambda rng, d: linear_function(rng),
+    "linear": lambda rng, d: arith_function(rng, stated=True),
 }
 
 
-def arith_function(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Function:
-    return Function("n", "int", "int", (arithmetic_sequence(rng, starts, steps),))
-
-
-def linear_function(rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4)) -> Function:
-    return Function("n", "int", "int", (stated_sequence(rng, starts, steps),))
+def arith_function(
+    rng: random.Random, starts: tuple[int, int] = (0, 5), steps: tuple[int, int] = (1, 4), stated: bool = False
+) -> Function:
+    return Function("n", "int", "int", (arithmetic_sequence(rng, starts, steps, stated),))
 
 
 def edge_input(arg: str) -> Any:
