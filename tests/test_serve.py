@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rounding import assert_within_rounding
 from transformers import AutoTokenizer
 
 from mopd.envs.chat import render_prompt
@@ -30,7 +31,6 @@ from mopd.model import K3HybridForCausalLM
 from mopd.rollout.checkpoint import write_random_checkpoint
 
 README = Path(__file__).parents[1] / "README.md"
-BF16_TOL = 1e-2  # relative, on log-probs
 PROMPT = "What is 2+3?"
 
 
@@ -71,9 +71,11 @@ def test_a_chat_completion_with_an_effort_is_answered_in_bf16(server):
 
     prompt_ids = AutoTokenizer.from_pretrained(path).encode(render_prompt(PROMPT, "high"), add_special_tokens=False)
     assert answer["prompt_token_ids"] == prompt_ids  # the very prompt every stage of the pipeline renders
-    reference = hf_logprobs(K3HybridForCausalLM.from_pretrained(path, dtype=torch.bfloat16), prompt_ids, choice["token_ids"])
+    half, exact = (K3HybridForCausalLM.from_pretrained(path, dtype=dtype) for dtype in (torch.bfloat16, torch.float32))
     served = torch.tensor([step["logprob"] for step in choice["logprobs"]["content"]])
-    assert ((served - reference).abs() / reference.abs()).max() < BF16_TOL
+    assert_within_rounding(  # as close to the fp32 model as HF's in bf16 (tests/rounding.py)
+        served, hf_logprobs(half, prompt_ids, choice["token_ids"]), hf_logprobs(exact, prompt_ids, choice["token_ids"]), torch.bfloat16
+    )
 
 
 def test_a_chat_completion_without_effort_is_a_400_naming_it(server):
