@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from mopd.base.sft import mix_domains, sft_tasks
+from mopd.base.sft import expert_transcripts, mix_domains, train_contents
 from mopd.bench import plots
 from mopd.bench.audit import audit_jobs
 from mopd.bench.report import TABLES, difference_se, markdown
@@ -34,13 +34,14 @@ from mopd.bench.run import (
     run_models,
     task_standard_error,
 )
-from mopd.bench.suite import BenchError, SuiteError, load_suite, make_env, select
+from mopd.bench.suite import BenchError, SuiteError, distinct_draw, load_suite, make_env, select
 from mopd.distill.routing import build_route_table
 from mopd.distill.trainer import task_source
-from mopd.envs import get_env
+from mopd.envs import get_env, prompt_contents, text_contents
 from mopd.envs.base import DOMAINS, Task, Verdict
+from mopd.envs.code import completion_of, function_from_meta
 from mopd.envs.effort import EffortSpec
-from mopd.envs.splits import split_of, task_keys, write_trained_on
+from mopd.envs.splits import RECORDS, TRAINED_TEXT, split_of, task_keys, write_trained_on
 from mopd.envs.tokenizer import build_tiny_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.pipeline import StageContext
@@ -54,6 +55,7 @@ TINY_BUDGETS = {
     "high": {"budget_tokens": 8, "answer_tokens": 4},
     "max": {"budget_tokens": 12, "answer_tokens": 4},
 }
+LABEL = "overlapping or unaudited: some tasks were trained on, or what a model trained on is unknown"
 SUITE = {
     "name": "unit",
     "split": "test",
@@ -409,7 +411,7 @@ def test_the_command_writes_report_markdown_and_plots(command_out):
     assert "| cell | base | trained |" in text and "| general/low |" in text
     # checkpoints from outside a run: no lineage to audit, and the report says so
     assert all("not inside a run directory" in r["audit"]["unavailable"] for r in report["results"])
-    assert "| general/low | audit unavailable | audit unavailable |" in text
+    assert "| general/low | audit unavailable, 1 distinct | audit unavailable, 1 distinct |" in text
     assert "- base: audit unavailable: " in text
     for png in ("accuracy_vs_effort.png", "accuracy_vs_tokens.png", "ratio_heatmap.png"):
         assert (command_out / png).read_bytes().startswith(b"\x89PNG"), png
@@ -435,6 +437,9 @@ def fake_run(root: Path, checkpoint: Path, recipe: Recipe) -> Path:
     for stage in ("base", "teachers/general-low", "teachers/code-max", "distill/model"):
         shutil.copytree(checkpoint, root / stage)
     (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
+    for stage in ("base", "teachers/general-low", "teachers/code-max", "distill"):
+        for record in RECORDS:
+            write_trained_on(root / stage, [], record)  # it trained on no dev or test content
     return root
 
 
@@ -563,18 +568,23 @@ def test_report_scores_teachers_against_the_base_and_each_model_across_efforts()
 
 
 # ----------------------------------------------------------------------------- the training-data audit
-def stage_keys(recipe: Recipe) -> dict[str, list[str]]:
-    """The content keys each training stage of `recipe` trains on, drawn by the stages' own functions."""
+def stage_keys(recipe: Recipe) -> dict[str, tuple[list[str], set[str]]]:
+    """Per training stage of `recipe`, drawn by the stages' own functions: the keys of the tasks it
+    trains on, and the contents its trained text states (the base: its experts' transcripts)."""
     sft = recipe.base.sft
     envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
-    keys = {"base": task_keys(sft_tasks(envs, sft.examples, sft.mix, recipe.seed))}
+    transcripts = [episode for _, episode in expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)]
+    keys = {"base": (task_keys(task for task, _ in transcripts),
+                     set().union(*(train_contents(task, turns) for task, turns in transcripts)))}  # fmt: skip
     for cell, spec in load_teacher_specs(recipe).items():
         envs[cell] = teacher_env(spec, recipe)
-        keys[f"teachers/{cell}"] = task_keys(teacher_tasks(envs[cell], spec, recipe))
+        tasks = teacher_tasks(envs[cell], spec, recipe)
+        keys[f"teachers/{cell}"] = (task_keys(tasks), prompt_contents(tasks))
     spec = recipe.distill
     table = build_route_table(spec.mix, {cell: cell for cell in spec.mix})  # drawing reads only the weights
     source = task_source(table, spec, recipe.seed, {d: recipe.env_options(d) for d in DOMAINS}, None)
-    keys["distill"] = [key for step in range(1, spec.steps + 1) for key in task_keys(source(step))]
+    prompts = [task for step in range(1, spec.steps + 1) for task in source(step)]
+    keys["distill"] = (task_keys(prompts), prompt_contents(prompts))
     for env in envs.values():
         close_env(env)
     return keys
@@ -585,12 +595,13 @@ def close_env(env) -> None:
         env.close()
 
 
-def records_run(root: Path, recipe: Recipe, keys: dict[str, list[str]]) -> Path:
+def records_run(root: Path, recipe: Recipe, keys: dict[str, tuple[list[str], set[str]]]) -> Path:
     """A run directory holding only the stages' training records (the audit reads no weights)."""
     root.mkdir(parents=True)
     (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
-    for stage, stage_keys_ in keys.items():
-        write_trained_on(root / stage, stage_keys_)
+    for stage, (tasks, text) in keys.items():
+        write_trained_on(root / stage, tasks)
+        write_trained_on(root / stage, text, TRAINED_TEXT)
     return root
 
 
@@ -600,7 +611,8 @@ def test_the_recipes_test_suites_audit_to_zero_overlap(tmp_path, recipe_path):
     what the base, any teacher or the student trained on, cell by cell, model by model."""
     recipe = load_recipe(ROOT / recipe_path)
     keys = stage_keys(recipe)
-    assert all(keys.values()) and {split_of(k) for ks in keys.values() for k in ks} == {"train"}
+    assert all(tasks for tasks, _ in keys.values()) and keys["base"][1]  # the base's traces state contents
+    assert {split_of(k) for tasks, text in keys.values() for k in [*tasks, *text]} == {"train"}
     run = records_run(tmp_path / "run", recipe, keys)
     suite = load_suite(recipe.bench.suite)
     envs = {domain: make_env(suite, domain, recipe.env_options(domain)) for domain in suite.domains}
@@ -612,19 +624,24 @@ def test_the_recipes_test_suites_audit_to_zero_overlap(tmp_path, recipe_path):
     assert len(audits) == 3 * len(cells)
     for (model, cell), audit in audits.items():
         assert (audit["overlap"], audit["tasks"]) == (0, suite.n * len(suite.seeds)), (model, cell)
+        assert audit["distinct"] == len(set(task_keys(cells[cell])))
     student = audits[("student", next(iter(cells)))]
     assert set(student["stages"]) == {"base", f"teachers/{next(iter(cells))}", "distill"}
     for env in envs.values():
         close_env(env)
 
 
-def planted_run(root: Path, checkpoint: Path, recipe: Recipe, cell: str, planted: dict[str, list[str]]) -> Path:
-    """A finished run (base, the cell's teacher, student) whose stages recorded `planted` keys (else none)."""
+def planted_run(
+    root: Path, checkpoint: Path, recipe: Recipe, cell: str, planted: dict[str, list[str]], text: dict[str, list[str]] | None = None
+) -> Path:
+    """A finished run (base, the cell's teacher, student) whose stages recorded `planted` task keys and
+    `text` content keys found in their trained text (else none)."""
     for stage in ("base", f"teachers/{cell}", "distill/model"):
         shutil.copytree(checkpoint, root / stage)
     (root / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json")))
     for stage in ("base", f"teachers/{cell}", "distill"):
         write_trained_on(root / stage, planted.get(stage, []))
+        write_trained_on(root / stage, (text or {}).get(stage, []), TRAINED_TEXT)
     return root
 
 
@@ -683,14 +700,14 @@ def test_a_question_another_family_trained_on_is_caught_and_allow_overlap_labels
         bench_run_dir(run, suite=str(suite), backend="hf", progress=False)
 
     report = bench_run_dir(run, suite=str(suite), backend="hf", progress=False, allow_overlap=True)
-    assert report["label"] == "overlapping: some tasks were trained on"
+    assert report["label"] == LABEL
     assert {r["model"]: r["audit"]["overlap"] for r in report["results"]} == dict.fromkeys(
         ("base", "general-low", "student"), len(shared)
     )
     text = (run / "bench" / "report.md").read_text()
     titles = [line for line in text.splitlines() if line.startswith("#")]
-    assert all(title.endswith("— overlapping: some tasks were trained on") for title in titles), titles
-    assert f"| general/low | overlap {len(shared)}/2 | overlap {len(shared)}/2 | overlap {len(shared)}/2 |" in text
+    assert all(title.endswith(f"— {LABEL}") for title in titles), titles
+    assert f"| general/low | overlap {len(shared)}/2, 2 distinct | overlap {len(shared)}/2, 2 distinct | overlap {len(shared)}/2, 2 distinct |" in text
 
 
 def test_a_train_suite_is_an_in_distribution_evaluation_labelled_training_tasks(tmp_path, checkpoints):
@@ -713,11 +730,83 @@ def test_a_run_without_records_is_audit_unavailable_not_zero(tmp_path, checkpoin
             (("base", run / "base"), ("teacher", run / "teachers" / "general-low"), ("student", run / "distill" / "model"),
              ("stray", run / "bench"), ("outside", checkpoints[0]))]  # fmt: skip
     audits = audit_jobs(jobs)
-    assert audits[("base", "general-low")] == {"tasks": 0, "overlap": 0, "stages": {"base": 0}}
+    assert audits[("base", "general-low")] == {"tasks": 0, "distinct": 0, "overlap": 0, "stages": {"base": 0}}
     assert audits[("teacher", "general-low")]["stages"] == {"base": 0, "teachers/general-low": 0}
     assert "distill wrote no training record" in audits[("student", "general-low")]["unavailable"]
     assert "is not a base/, teachers/<cell>/, distill/ or baselines/mixed_rl/ checkpoint" in audits[("stray", "general-low")]["unavailable"]
     assert "not inside a run directory" in audits[("outside", "general-low")]["unavailable"]
+
+
+def test_a_test_function_in_an_sft_failed_attempt_is_refused_by_sft_and_by_the_audit(tmp_path, checkpoints, no_sampling):
+    """Issue #42's leak: a failed-attempt demo that shows a test function. The base's SFT refuses such
+    an example; a base that trained on one anyway (its text record names the function, as the SFT of
+    earlier code wrote none) fails the bench of a test suite holding that function."""
+    recipe = unit_tiny_recipe()
+    suite = audit_suite(tmp_path / "unit.yaml", "code")
+    env = make_env(load_suite(suite), "code", recipe.env_options("code"))
+    try:
+        held_out = load_suite(suite).tasks(env, "low")[0]
+        task = env.sample(1, 0, "train", "high")[0]
+    finally:
+        close_env(env)
+    examples = task.meta["examples"]
+    turns = [
+        {"role": "assistant", "content": completion_of(function_from_meta(held_out.meta), examples, "high")},
+        {"role": "observation", "content": "f(1) returned 2, expected 3"},
+        {"role": "assistant", "content": completion_of(function_from_meta(task.meta), examples, "high")},
+    ]
+    with pytest.raises(ValueError, match=rf"SFT example of task {task.id} \(code-high\) states held-out contents \['{held_out.meta['content_hash']} \(test\)'\]"):
+        train_contents(task, turns)
+
+    stated = text_contents("code", "".join(turn["content"] for turn in turns))
+    assert stated == {held_out.meta["content_hash"], task.meta["content_hash"]}
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, "code-low", {"base": [task.meta["content_hash"]]},
+                      text={"base": sorted(stated)})  # fmt: skip
+    with pytest.raises(BenchError) as err:
+        bench_run_dir(run, suite=str(suite), backend="hf", progress=False)
+    assert "model 'base' cell code-low: 1/2 tasks trained on in base (1)" in str(err.value)
+
+
+def test_a_stage_without_its_text_record_fails_a_test_bench_unless_allowed(tmp_path, checkpoints, monkeypatch):
+    recipe = unit_tiny_recipe()
+    suite = audit_suite(tmp_path / "unit.yaml", "general")
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, "general-low", {})
+    (run / "teachers" / "general-low" / TRAINED_TEXT).unlink()  # a teacher trained before text records existed
+    with pytest.raises(BenchError, match=r"what some models trained on is unknown: .*teachers/general-low wrote no training record"):
+        bench_run_dir(run, suite=str(suite), backend="hf", progress=False)
+    report = bench_run_dir(run, suite=str(suite), backend="hf", progress=False, allow_overlap=True, n=1)
+    assert report["label"] == LABEL
+    assert {r["model"] for r in report["results"] if "unavailable" in r["audit"]} == {"general-low", "student"}
+
+
+def test_a_cell_holds_each_content_once_while_the_split_has_enough_then_repeats_them_in_turn():
+    def draw(count: int, seed: int) -> list[Task]:  # contents a, b, a, c, b, d, ... of which 4 are distinct
+        keys = ["a", "b", "a", "c", "b", "d"] + ["a"] * 100
+        return [Task(f"s{seed}-{i}", "general", "low", "q", {"content_hash": keys[i] * 16}) for i in range(count)]
+
+    three = distinct_draw(draw, [7], 3)
+    assert [t.meta["content_hash"][0] for t in three] == ["a", "b", "c"]
+    six = distinct_draw(draw, [7], 6)
+    assert [t.meta["content_hash"][0] for t in six] == ["a", "b", "c", "d", "a", "b"]  # then in turn
+    assert len({t.id for t in six}) == 6
+    two_seeds = distinct_draw(draw, [7, 8], 2)  # the second seed takes what the first left
+    assert [t.meta["content_hash"][0] for t in two_seeds] == ["a", "b", "c", "d"]
+    spent = distinct_draw(draw, [7, 8], 4)  # the first took all four: the second repeats them in turn
+    assert [t.meta["content_hash"][0] for t in spent] == ["a", "b", "c", "d", "a", "b", "c", "d"]
+
+
+def test_the_tiny_test_suite_asks_each_code_function_once_before_any_twice():
+    recipe, suite = load_recipe(ROOT / "recipes/tiny.yaml"), load_suite(ROOT / "eval/tiny.yaml")
+    env = make_env(suite, "code", recipe.env_options("code"))
+    try:
+        cells = {effort: task_keys(suite.tasks(env, effort)) for effort in ("low", "max")}
+    finally:
+        close_env(env)
+    keys = cells["low"]
+    distinct = len(set(keys))
+    assert cells["max"] == keys and len(keys) == suite.n
+    assert len(set(keys[:distinct])) == distinct  # the split's functions first, each once
+    assert distinct < suite.n and max(keys.count(k) for k in keys) == math.ceil(suite.n / distinct)
 
 
 # ----------------------------------------------------------------------------- accuracy within budget

@@ -8,9 +8,10 @@ import re
 import pytest
 
 from mopd.envs.base import Task
-from mopd.envs.code import FAMILIES, CodeEnv, compile_reference, function_from_meta
+from mopd.envs.code import FAMILIES, CodeEnv, compile_reference, contents, function_from_meta
 from mopd.envs.data import dataset_to_tasks, tasks_to_dataset
-from mopd.envs.splits import SPLITS, content_hash, split_of
+from mopd.envs.splits import SPLITS, content_hash, split_of, trainable
+from mopd.recipe import ROOT, load_recipe
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +290,25 @@ def test_a_batch_of_attempts_gets_what_one_by_one_would(env):
     verdicts = env.verify_many(tasks, batch)
     assert [v.reward for v in verdicts] == [env.verify(t, e).reward for t, e in zip(tasks, one_by_one)]
     assert [v.reward for v in verdicts] == [0.0 if i % 2 or i == 2 else 1.0 for i in range(len(tasks))]
+
+
+def test_contents_are_the_functions_a_text_shows_in_code_blocks_keyed_as_their_tasks(env):
+    task = env.sample(1, seed=3, effort="max")[0]
+    solution = env.solve(task)
+    assert contents(solution) == {task.meta["content_hash"]}
+    assert contents(task.prompt) == set()  # the signature alone is no function
+    spaced = solution.replace("    ", "  ").replace("def f(", "def  f(")
+    assert contents(spaced) == {task.meta["content_hash"]}  # whitespace aside, as the split key
+
+
+def test_failed_attempts_of_the_tiny_recipe_show_only_train_functions():
+    """Issue #42: a failed-attempt demo once showed dev and test functions (113 of 128 test tasks a
+    code cell): a slip of a digit or another function of the family, drawn without the split."""
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml")
+    demos = CodeEnv(**{**recipe.env_options("code"), "retry_demos": 1.0})
+    transcripts = [demos.solve(task) for task in demos.sample(300, seed=0, effort="max")]
+    shown = [contents(turn["content"]) for transcript in transcripts if isinstance(transcript, list) for turn in transcript]
+    assert len(shown) >= 2 * 250  # a failed attempt and the right one, in most transcripts
+    assert all(trainable(keys) for keys in shown)
+    wrong = {key for keys in shown[::2] for key in keys}
+    assert len(wrong) > 50  # many functions were tried, all of them train

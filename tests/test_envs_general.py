@@ -12,11 +12,13 @@ from mopd.envs.general import (
     OWN_FAMILIES,
     GeneralEnv,
     chain_trace,
+    contents,
     max_digits,
     normalize_answer,
     task_key,
 )
-from mopd.envs.splits import SPLITS, content_hash, split_of
+from mopd.envs.splits import SPLITS, content_hash, split_of, trainable
+from mopd.recipe import ROOT, load_recipe
 
 RG_EXTRA = ("rg/spell_backward", "rg/leg_counting", "rg/number_sorting")
 ALL_FAMILIES = (*DEFAULT_FAMILIES, *RG_EXTRA)
@@ -231,3 +233,26 @@ def test_effort_knobs_move_chains_to_high_and_two_digit_sums_to_max():
     for bad in ({"low_chain_terms": 1}, {"high_term_digits": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             GeneralEnv(**bad)
+
+
+def test_contents_are_the_questions_a_text_asks_or_works_answered_with_the_truth():
+    assert contents("Compute 3 + 5 - 2.") == {task_key("Compute 3 + 5 - 2.", 6)}
+    trace = chain_trace([3, 5, 2, 7], ["+", "-", "+"])  # 3+5=8, 8-2=6, 6+7=13
+    stated = {task_key("Compute 3 + 5.", 8), task_key("Compute 8 - 2.", 6), task_key("Compute 6 + 7.", 13)}
+    assert contents(f"<think>{trace}</think>13") == stated
+    assert contents("<think>7+5+0=12\n4+8+1=13\ncarry 1</think>132") == {
+        task_key("Compute 7 + 5 + 0.", 12), task_key("Compute 4 + 8 + 1.", 13)
+    }
+    assert contents("3-5=-2\n-2+4=2") == {task_key("Compute 3 - 5.", -2), task_key("Compute -2 + 4.", 2)}
+    assert contents("Compute 2 + 2.</think>5") == {task_key("Compute 2 + 2.", 4)}  # a wrong answer states the question
+
+
+def test_train_questions_work_out_only_train_questions_and_held_out_splits_keep_every_draw():
+    """Issue #42: a chain's trace works sums that are questions of their own (`8-2=6` is "Compute
+    8 - 2."); a train question whose steps state a dev or test question is not drawn for training."""
+    recipe = load_recipe(ROOT / "recipes/tiny.yaml")
+    env = get_env("general", **recipe.env_options("general"))
+    train = env.sample(600, 0, "train", "max")
+    assert all(trainable(contents(task.prompt + env.solve(task))) for task in train)
+    test = env.sample(600, 0, "test", "max")
+    assert not all(trainable(contents(env.solve(task))) for task in test)  # the rule is needed: held out, some do

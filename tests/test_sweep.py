@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from mopd.bench.seeds import Interval, accuracy, gain_share, ratio, summarise, two_way, verdict, write_summary
+from mopd.bench.seeds import (
+    Interval,
+    accuracy,
+    clustered,
+    gain_share,
+    ratio,
+    summarise,
+    two_way,
+    verdict,
+    write_summary,
+)
 from mopd.envs.base import DOMAINS, EFFORTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,3 +178,29 @@ def test_sweep_refuses_bad_seeds_before_any_run(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--seeds '0,0': give at least one seed, each once" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "s").exists()
+
+
+def test_a_repeated_content_is_one_cluster_so_its_copies_do_not_narrow_the_interval(tmp_path):
+    """Issue #42: the tiny code cells asked ~31 functions 128 times. Copies of one content are one
+    cluster: the interval of 10 contents asked 4 times each equals that of the 10 asked once."""
+    rng = random.Random(3)
+    distinct = [[float(rng.random() < 0.5) for _ in range(10)] for _ in range(3)]  # seeds × contents
+    copies = [row * 4 for row in distinct]
+    keys = [f"code:{i}" for i in range(10)] * 4
+    assert clustered(copies, keys) == distinct
+    assert two_way(clustered(copies, keys)).se == two_way(distinct).se
+    assert two_way(copies).se < two_way(distinct).se  # what counting each copy as a task claimed
+
+    accuracy = {"base": dict.fromkeys(CELLS, 0.3), "teacher": dict.fromkeys(CELLS, 0.6), "student": dict.fromkeys(CELLS, 0.6)}
+    runs = write_runs(tmp_path, [0, 1, 2], accuracy, {"low": 1.0, "high": 2.0, "max": 3.0})
+    for run in runs.values():  # every cell asks 8 contents, 5 times each; a content is the same at each effort
+        report = json.loads((run / "bench" / "report.json").read_text())
+        for row in report["results"]:
+            row["task_keys"] = [f"{k:016x}" for k in range(8)] * 5
+        (run / "bench" / "report.json").write_text(json.dumps(report))
+    summary = summarise(runs)
+    assert summary["cells"]["code-low"]["contents"] == {"tasks": TASKS, "distinct": 8}
+    assert summary["pooled"]["contents"] == {"tasks": 9 * TASKS, "distinct": 3 * 8}  # per domain, over efforts
+    assert summary["pooled"]["base"]["df"] < 3 * 8  # from 24 clusters, not 360 tasks
+    markdown = write_summary(summary, tmp_path / "out", "mopd sweep")
+    assert any("| code-low | 8 / 40 |" in line for line in (tmp_path / "out" / "summary.md").read_text().splitlines()), markdown

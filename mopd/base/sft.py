@@ -7,8 +7,10 @@ transcripts over the mix of domains and all three efforts, corrupt a `sft.noise`
 (one digit of an answer changed, so the base learns a wrong answer some of the time), and
 fit the model on the assistant tokens only. The result is an HF checkpoint with the tokenizer
 and its chat template: every later stage loads it with `from_pretrained`. Beside it,
-`trained_on.txt` lists the content keys of every SFT task (`mopd.envs.splits`), which
-`mopd bench` audits its suites against.
+`trained_on.txt` lists the content keys of every SFT task and `trained_text.txt` the contents
+every example's text states (`mopd.envs.splits`), which `mopd bench` audits its suites against.
+Only train contents may appear in that text: a corruption that would state another is passed over,
+and an example that states one anyway stops the stage with its task named.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from transformers import get_cosine_schedule_with_warmup
 
 from mopd.artifacts import MetricsLog, atomic_dir, write_json_atomic
 from mopd.compute import checkpoint_active_parameters, steps_compute
-from mopd.envs import get_env
+from mopd.envs import get_env, text_contents
 from mopd.envs.base import EFFORTS, THINK_CLOSE
 from mopd.envs.chat import render_turns, tokenize_segments
-from mopd.envs.splits import task_keys, write_trained_on
+from mopd.envs.splits import TRAINED_TEXT, split_of, task_keys, trainable, write_trained_on
 from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.rollout.engine import load_k3_config
@@ -74,10 +76,9 @@ def train_base(recipe, out: Path) -> None:
     episodes = [episode for _, episode in transcripts]
     noisy = [rng.random() < sft.noise for _ in episodes]
     wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy)], rng)
-    examples = [
-        tokenize_example(tokenizer, task, corrupted or turns, corrupted is not None, sft.max_length)
-        for (task, turns), corrupted in zip(episodes, wrong)
-    ]
+    trained = [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong)]
+    write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
+    examples = [tokenize_example(tokenizer, task, turns, corrupted, sft.max_length) for task, turns, corrupted in trained]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
     torch.manual_seed(recipe.seed)
     model = K3HybridForCausalLM(config)
@@ -118,6 +119,17 @@ def expert_transcripts(envs: dict[str, Any], examples: int, mix: dict[str, float
     return out
 
 
+def train_contents(task, turns: list[dict[str, str]]) -> set[str]:
+    """The contents an SFT example states (`mopd.envs.text_contents`), all of the train split: the
+    generators choose only such text, and an example that states a dev or test content is refused here."""
+    text = "".join(segment.text for segment in render_turns(task.prompt, turns, task.effort, task.meta.get("system")))
+    keys = text_contents(task.domain, text)
+    if not trainable(keys):
+        held_out = sorted(f"{key} ({split_of(key)})" for key in keys if split_of(key) != "train")
+        raise ValueError(f"SFT example of task {task.id} ({task.domain}-{task.effort}) states held-out contents {held_out}")
+    return keys
+
+
 def tokenize_example(tokenizer, task, turns, corrupted: bool, max_length: int) -> dict:
     segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
     ids, mask = tokenize_segments(tokenizer, segments)
@@ -136,7 +148,10 @@ def corrupt_many(envs: dict[str, Any], episodes: list, rng: random.Random, tries
     """`corrupt` for each (task, turns) episode (None: leave it alone). Each round verifies every
     still-pending episode's next candidate in one batch per domain: the code sandbox runs a batch
     in parallel (the tiny base's data preparation: 74 s one at a time, 37 s in batches)."""
-    candidates = [digit_changes(episode[1], rng, tries) if episode else [] for episode in episodes]
+    candidates = [
+        [turns for turns in digit_changes(episode[1], rng, tries) if states_only_train(episode[0], turns)] if episode else []
+        for episode in episodes
+    ]  # a changed digit of code can make a dev or test function: such a change is passed over
     wrong: list[list[dict] | None] = [None] * len(episodes)
     pending = [i for i, options in enumerate(candidates) if options]
     for attempt in range(tries):
@@ -147,6 +162,10 @@ def corrupt_many(envs: dict[str, Any], episodes: list, rng: random.Random, tries
                 wrong[i] = candidates[i][attempt]
         pending = [i for i in pending if wrong[i] is None]
     return wrong
+
+
+def states_only_train(task, turns: list[dict[str, str]]) -> bool:
+    return trainable(text_contents(task.domain, "".join(t["content"] for t in turns)))
 
 
 def digit_changes(turns: list[dict[str, str]], rng: random.Random, tries: int) -> list[list[dict]]:

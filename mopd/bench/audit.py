@@ -11,22 +11,25 @@ Its lineage, as a run trains them: the base (SFT), a teacher (the base and its o
 the student (the base, the teacher of the cell being scored, and the MOPD prompts), the mixed-RL
 baseline `baselines/mixed_rl` (the base and its own RL prompts); a teacher's
 `init` or a `distill.student` other than the run's base is not followed. Each stage
-wrote the content keys it trained on (`mopd.envs.splits.write_trained_on`); a task overlaps when
-its key is in any record of the lineage. A checkpoint outside a run, or a stage of its lineage
-without a record (a run from before records existed), is "audit unavailable" in the report, never
-a silent 0. A dev or test suite with any overlap is a `BenchError` before sampling, naming the
-cells, the model and the stage, unless the user allows it (the report is then labelled).
+wrote two records (`mopd.envs.splits`): the content keys of the tasks it trained on, and the
+content keys stated in the text it trained on (a function in a failed attempt, a sum in a trace);
+a task overlaps when its key is in any record of the lineage. A checkpoint outside a run, or a
+stage of its lineage without both records (a run from before they existed), is "audit
+unavailable", never a silent 0. On a dev or test suite, an overlap or a stage of the run without its
+records is a `BenchError` before sampling, naming the cells, the model and the stage, unless the user
+allows it (the report is then labelled). Each cell's audit also counts its distinct contents.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 from mopd.artifacts import read_json
 from mopd.bench.suite import BenchError
 from mopd.envs.base import Task
-from mopd.envs.splits import TRAINED_ON, read_trained_on, task_keys
+from mopd.envs.splits import RECORDS, read_trained_on, task_keys
 from mopd.recipe import CELLS
 
 BASELINES = ("baselines/mixed_rl",)
@@ -85,29 +88,34 @@ def checkpoint_in(stage_dir: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- the audit
-def audit_cell(path: Path, cell: str, keys: list[str], records: dict[Path, set[str] | None]) -> dict[str, Any]:
-    """{"tasks", "overlap", "stages": {stage: overlap}} or {"tasks", "unavailable": why}."""
+def audit_cell(path: Path, cell: str, keys: list[str], records: dict[tuple[Path, str], set[str] | None]) -> dict[str, Any]:
+    """{"tasks", "distinct", "overlap", "stages": {stage: overlap}} or {"tasks", "distinct", "unavailable": why}.
+    A task overlaps a stage when its key is in either of the stage's records: the tasks it trained
+    on, or the contents stated in the text it trained on."""
+    counted = {"tasks": len(keys), "distinct": len(set(keys))}
     try:
         stages = lineage(path, cell)
     except AuditUnavailable as why:
-        return {"tasks": len(keys), "unavailable": str(why)}
-    for where in stages.values():
-        if where not in records:
-            records[where] = read_trained_on(where)
-    missing = [stage for stage, where in stages.items() if records[where] is None]
+        return {**counted, "unavailable": str(why)}
+    for where, record in itertools.product(stages.values(), RECORDS):
+        if (where, record) not in records:
+            records[where, record] = read_trained_on(where, record)
+    missing = [str(where / record) for where, record in itertools.product(stages.values(), RECORDS) if records[where, record] is None]
     if missing:
-        files = ", ".join(str(stages[stage] / TRAINED_ON) for stage in missing)
-        return {"tasks": len(keys), "unavailable": f"{', '.join(missing)} wrote no training record (no {files})"}
+        names = [stage for stage, where in stages.items() if any(str(where / r) in missing for r in RECORDS)]
+        return {**counted, "unavailable": f"{', '.join(names)} wrote no training record (no {', '.join(missing)})",
+                "missing_record": True}
+    trained = {stage: set().union(*(records[where, record] for record in RECORDS)) for stage, where in stages.items()}
     return {
-        "tasks": len(keys),
-        "overlap": sum(any(key in records[where] for where in stages.values()) for key in keys),
-        "stages": {stage: sum(key in records[where] for key in keys) for stage, where in stages.items()},
+        **counted,
+        "overlap": sum(any(key in found for found in trained.values()) for key in keys),
+        "stages": {stage: sum(key in found for key in keys) for stage, found in trained.items()},
     }
 
 
 def audit_jobs(jobs: list[tuple[str, Path, str, list[Task]]]) -> dict[tuple[str, str], dict[str, Any]]:
     """(model, cell) → its audit, for each (model name, checkpoint path, cell, tasks) job."""
-    records: dict[Path, set[str] | None] = {}
+    records: dict[tuple[Path, str], set[str] | None] = {}
     return {
         (model, cell): audit_cell(path, cell, task_keys(tasks), records)
         for model, path, cell, tasks in jobs
@@ -115,8 +123,10 @@ def audit_jobs(jobs: list[tuple[str, Path, str, list[Task]]]) -> dict[tuple[str,
 
 
 def check_overlap(audits: dict[tuple[str, str], dict[str, Any]], split: str, allow: bool, source: str) -> bool:
-    """Whether any cell overlaps training; for a dev or test suite that is an error unless `allow`."""
+    """Whether any cell overlaps training, or misses a record in its run; for a dev or test suite
+    either is an error unless `allow`. (A checkpoint outside any run is labelled "audit unavailable".)"""
     overlapping = {job: audit for job, audit in audits.items() if audit.get("overlap")}
+    unaudited = {job: audit for job, audit in audits.items() if audit.get("missing_record")}
     if overlapping and split != "train" and not allow:
         found = "; ".join(
             f"model {model!r} cell {cell}: {audit['overlap']}/{audit['tasks']} tasks trained on in "
@@ -127,15 +137,22 @@ def check_overlap(audits: dict[tuple[str, str], dict[str, Any]], split: str, all
             f"{source} is a {split} suite, but some of its tasks were trained on: {found}. "
             f"Pass --allow-overlap to benchmark anyway (the report is then labelled as overlapping)"
         )
-    return bool(overlapping)
+    if unaudited and split != "train" and not allow:
+        reasons = sorted({f"model {model!r}: {audit['unavailable']}" for (model, _), audit in unaudited.items()})
+        raise BenchError(
+            f"{source} is a {split} suite, but what some models trained on is unknown: {'; '.join(reasons)}. "
+            f"Pass --allow-overlap to benchmark anyway (the report is then labelled as unaudited)"
+        )
+    return bool(overlapping) or bool(unaudited)
 
 
 def audit_text(audit: dict[str, Any] | None) -> str:
     if audit is None:
         return "—"
+    distinct = f", {audit['distinct']} distinct" if "distinct" in audit else ""
     if "unavailable" in audit:
-        return "audit unavailable"
-    return f"overlap {audit['overlap']}/{audit['tasks']}"
+        return f"audit unavailable{distinct}"
+    return f"overlap {audit['overlap']}/{audit['tasks']}{distinct}"
 
 
 # ----------------------------------------------------------------------------- training compute

@@ -47,6 +47,7 @@ from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, sel
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.sandbox import describe_backend
+from mopd.envs.splits import task_keys
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine import CheckpointError, load_k3_config
 from mopd.rollout.episodes import Rollout, run_rollouts
@@ -127,8 +128,10 @@ def run_bench(
     finally:
         for env in envs.values():
             close(env)
+    keys = {cell.name: task_keys(cell.tasks) for cell in cells}
     for row in results:
-        row["audit"] = audits[(row["model"], f"{row['domain']}-{row['effort']}")]
+        cell = f"{row['domain']}-{row['effort']}"
+        row["audit"], row["task_keys"] = audits[(row["model"], cell)], keys[cell]  # keys: the sweep clusters by them
     report = build_report(refs, chosen, str(suite), backend, recipe.efforts, results, workers, overlapping)
     if code_sandbox:
         report["code_sandbox"] = describe_backend(code_sandbox)
@@ -596,7 +599,7 @@ def report_label(split: str, overlapping: bool) -> str | None:
     """What the title and tables must say about the tasks: none for a clean dev or test suite."""
     if split == "train":
         return "training tasks"
-    return "overlapping: some tasks were trained on" if overlapping else None
+    return "overlapping or unaudited: some tasks were trained on, or what a model trained on is unknown" if overlapping else None
 
 
 def machine() -> dict[str, Any]:

@@ -7,7 +7,10 @@ before it is averaged. The interval of a mean over that matrix comes from its tw
 decomposition, score = mean + seed effect + task effect + noise (`two_way`): the seed term is
 what another pipeline run would change, the task term what another draw of test tasks would.
 Ratios (student ÷ teacher, the share of the teacher's gain the student keeps) get theirs by the
-delta method on the same matrices.
+delta method on the same matrices. Where a suite repeats a content (a small split: the tiny code
+cells hold ~31 functions for 128 tasks), its tasks are one cluster: the matrices are seeds ×
+contents, each column the mean over that content's tasks (`clustered`), so an interval counts a
+content once and each content weighs once in the mean.
 
 The claims, as the summary tests them:
   1. every teacher beats the base on its own cell;
@@ -174,7 +177,7 @@ def teacher_of(report: dict[str, Any], cell: str) -> str | None:
     return next((m["name"] for m in report["models"] if m["role"] == "teacher" and m["cell"] == cell), None)
 
 
-def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str) -> Matrix | None:
+def task_matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str) -> Matrix | None:
     """seeds × tasks within-budget scores of a model ("teacher": the cell's own teacher)."""
     rows = []
     for report in reports.values():
@@ -186,18 +189,58 @@ def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str
     return rows
 
 
+def contents_of(reports: dict[int, dict], domain: str, effort: str) -> list[str] | None:
+    """The content key of each task of a cell, "domain:key" (the same for every seed: one suite),
+    or None for a report from before bench rows carried them."""
+    row = next((r for r in next(iter(reports.values()))["results"] if (r["domain"], r["effort"]) == (domain, effort)), None)
+    keys = row and row.get("task_keys")
+    return [f"{domain}:{key}" for key in keys] if keys else None
+
+
+def clustered(x: Matrix | None, keys: list[str] | None) -> Matrix | None:
+    """seeds × contents: the tasks of one content averaged into one column. Answers to one content
+    are not independent draws, so the intervals count each content once (each weighs once in the
+    mean too); where every content is distinct this is the task matrix itself."""
+    if x is None or keys is None:
+        return x
+    columns: dict[str, list[int]] = {}
+    for j, key in enumerate(keys):
+        columns.setdefault(key, []).append(j)
+    return [[statistics.fmean(row[j] for j in js) for js in columns.values()] for row in x]
+
+
+def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str) -> Matrix | None:
+    """seeds × contents within-budget scores of a model in a cell (`clustered`)."""
+    return clustered(task_matrix(reports, role_or_name, domain, effort), contents_of(reports, domain, effort))
+
+
 def cell_summary(reports: dict[int, dict], domain: str, effort: str, baselines: list[str]) -> dict[str, Any]:
     m = {name: matrix(reports, name, domain, effort) for name in ("base", "teacher", "student", *baselines)}
     out = compared(m, baselines)
     out["per_seed"] = {name: [statistics.fmean(row) for row in x] for name, x in m.items() if x is not None}
+    out["contents"] = contents_count(reports, [(domain, effort)])
     return out
 
 
+def contents_count(reports: dict[int, dict], cells: list[tuple[str, str]]) -> dict[str, Any]:
+    """Tasks and distinct contents (the clusters behind the intervals) of some cells."""
+    keys = [contents_of(reports, d, e) for d, e in cells]
+    tasks = sum(len(next(iter(reports.values()))["suite"]["seeds"]) * next(iter(reports.values()))["suite"]["n"] for _ in cells)
+    if any(k is None for k in keys):
+        return {"tasks": tasks, "distinct": None}
+    return {"tasks": tasks, "distinct": len(set(itertools.chain.from_iterable(keys)))}
+
+
 def pooled_summary(reports: dict[int, dict], cells: list[tuple[str, str]], baselines: list[str]) -> dict[str, Any]:
-    """Every cell's tasks side by side: one seeds × (cells · tasks) matrix per model."""
+    """Every cell's tasks side by side, one seeds × contents matrix per model: a content asked at
+    three efforts is one cluster."""
     names = ("base", "teacher", "student", *baselines)
-    m = {name: joined([matrix(reports, name, d, e) for d, e in cells]) for name in names}
-    return compared(m, baselines) if all(m[name] is not None for name in ("base", "teacher", "student")) else {}
+    keys = [contents_of(reports, d, e) for d, e in cells]
+    pooled_keys = None if any(k is None for k in keys) else list(itertools.chain.from_iterable(keys))
+    m = {name: clustered(joined([task_matrix(reports, name, d, e) for d, e in cells]), pooled_keys) for name in names}
+    if not all(m[name] is not None for name in ("base", "teacher", "student")):
+        return {}
+    return {**compared(m, baselines), "contents": contents_count(reports, cells)}
 
 
 def compared(m: dict[str, Matrix | None], baselines: list[str]) -> dict[str, Any]:
@@ -380,8 +423,8 @@ def markdown(summary: dict[str, Any], plot: str) -> str:
         f"Suite `{suite['path']}`, **{suite['split']} split**: {suite['n']} tasks per cell, the same tasks for every "
         f"seed and effort, {suite['samples']} sample(s) each. Training-data audit over all seeds, cells and models: "
         f"**{audit}**. Accuracy is within budget (verifier accepts, thinking ≤ budget). Brackets are 95% intervals "
-        "over seeds and tasks, paired where models answer the same tasks (seeds × tasks two-way decomposition; "
-        "ratios by the delta method).",
+        "over seeds and distinct contents, paired where models answer the same tasks (seeds × contents two-way "
+        "decomposition, a repeated content one cluster; ratios by the delta method).",
         "",
         "| seed | run seconds (sum of stages) | code sandbox |",
         "|---|---:|---|",
@@ -468,18 +511,24 @@ def pooled_text(summary: dict[str, Any], key: str) -> str:
 
 def cell_lines(summary: dict[str, Any]) -> list[str]:
     baselines = summary["baselines"]
-    head = ["cell", "base", "teacher", "student", *baselines, "teacher − base", "student ÷ teacher",
+    head = ["cell", "contents", "base", "teacher", "student", *baselines, "teacher − base", "student ÷ teacher",
             "gain kept (s−b)÷(t−b)", *[f"{m} − {b}" for b in baselines for m in ("student", "teacher")]]
     keys = ["base", "teacher", "student", *baselines, "teacher_minus_base", "student_over_teacher", "gain_share",
             *[f"{m}_minus_{b}" for b in baselines for m in ("student", "teacher")]]
-    lines = ["## Per cell (within-budget accuracy, mean over seeds and tasks)", "",
+    lines = ["## Per cell (within-budget accuracy, mean over seeds and distinct contents; contents: distinct / tasks)", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for cell, s in summary["cells"].items():
-        lines.append(f"| {cell} | " + " | ".join(Interval(**s[k]).text() if k in s else "—" for k in keys) + " |")
+        lines.append(f"| {cell} | {contents_text(s)} | " + " | ".join(Interval(**s[k]).text() if k in s else "—" for k in keys) + " |")
     pooled = summary["pooled"]
     if pooled:
-        lines.append("| **pooled** | " + " | ".join(Interval(**pooled[k]).text() if k in pooled else "—" for k in keys) + " |")
+        lines.append(f"| **pooled** | {contents_text(pooled)} | "
+                     + " | ".join(Interval(**pooled[k]).text() if k in pooled else "—" for k in keys) + " |")
     return lines
+
+
+def contents_text(s: dict[str, Any]) -> str:
+    counted = s.get("contents") or {}
+    return "—" if counted.get("distinct") is None else f"{counted['distinct']} / {counted['tasks']}"
 
 
 def effort_lines(summary: dict[str, Any]) -> list[str]:

@@ -20,11 +20,14 @@ training records of the model's lineage (`mopd.bench.audit`), and an overlap in 
 suite is an error. A `split: train` suite is an in-distribution evaluation; its report says
 "training tasks". The seeds only choose draws within the split. The same suite and seed always
 give the same tasks, and a task's content does not depend on the effort, so every effort answers
-the same questions. Every mistake in a suite (an unknown domain, family or split) is one
+the same questions. A cell holds each content once while the split has enough (`distinct_draw`);
+a small split's contents repeat in turn, and the report counts the distinct ones. Every mistake in a suite (an unknown domain, family or split) is one
 `SuiteError` naming the file and the field, raised before anything is sampled.
 """
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mopd.envs import get_env
 from mopd.envs.base import DOMAINS, EFFORTS, Task
+from mopd.envs.splits import task_keys
 from mopd.recipe import RecipeError, read_yaml_mapping, resolve_path, validate
+
+DRAW_FACTOR = 8  # draws per task looked through for distinct contents before a cell repeats some
 
 
 class BenchError(RecipeError):
@@ -101,8 +107,33 @@ class Suite(BaseModel):
         return options
 
     def tasks(self, env: Any, effort: str) -> list[Task]:
-        """The cell's tasks: n per seed, from the suite's split."""
-        return [task for seed in self.seeds for task in env.sample(self.n, seed, self.split, effort)]
+        """The cell's tasks: n per seed from the suite's split, each content at most once in the cell
+        while the split holds enough (`distinct_draw`)."""
+        return distinct_draw(lambda count, seed: env.sample(count, seed, self.split, effort), self.seeds, self.n)
+
+
+def distinct_draw(draw, seeds: list[int], n: int, factor: int = DRAW_FACTOR) -> list[Task]:
+    """n tasks per seed, none repeating a content key (`task.meta["content_hash"]`) already in the
+    cell, taken in draw order from the first `factor · n` draws of each seed. Where a split holds
+    fewer distinct contents than that, the cell's distinct tasks come again in turn, each repeat
+    with its own id (so repeats are balanced); the audit reports the distinct count and the sweep
+    clusters by content. A task's content does not depend on the effort, so every effort of a
+    cell gets the same contents."""
+    chosen: list[Task] = []
+    seen: set[str] = set()
+    for seed in seeds:
+        fresh = []
+        for task in draw(factor * n, seed):
+            key = task_keys([task])[0]
+            if key not in seen:
+                seen.add(key)
+                fresh.append(task)
+                if len(fresh) == n:
+                    break
+        pool = fresh or chosen
+        repeats = [replace(task, id=f"{task.id}-again{i}") for i, task in zip(range(n - len(fresh)), itertools.cycle(pool))]
+        chosen += fresh + repeats
+    return chosen
 
 
 def load_suite(path: str | Path) -> Suite:

@@ -53,10 +53,10 @@ from mopd.distill.loss import (
 )
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool, TeacherScores
-from mopd.envs import get_env
+from mopd.envs import get_env, prompt_contents
 from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
-from mopd.envs.splits import read_trained_on, task_keys, write_trained_on
+from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_trained_on
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import Rollout, run_rollouts
@@ -165,11 +165,14 @@ def train_mopd(
     log = MetricsLog(out_dir / "metrics.jsonl")
     log.resume_after(start_step)
     trained_on = (read_trained_on(out_dir) or set()) if start_step else set()
+    trained_text = (read_trained_on(out_dir, TRAINED_TEXT) or set()) if start_step else set()
 
     def rollouts_of(step: int) -> list[Rollout]:
         prompts = source(step)
         trained_on.update(task_keys(prompts))
+        trained_text.update(prompt_contents(prompts))
         write_trained_on(out_dir, trained_on)
+        write_trained_on(out_dir, trained_text, TRAINED_TEXT)
         groups = run_rollouts(
             engine, student.tokenizer, envs, prompts, efforts,
             n=spec.samples_per_prompt, temperature=spec.temperature, seed=seed * 1_000_003 + step,

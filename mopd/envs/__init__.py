@@ -36,6 +36,18 @@ def check_env_options(domain: str, options: dict[str, Any]) -> None:
             raise ValueError(f"envs.{domain}.{name}: unknown option; {domain} takes {sorted(known)}")
 
 
+def text_contents(domain: str, text: str) -> set[str]:
+    """The content keys a text of `domain` states (its module's `contents`; `mopd.envs.splits`)."""
+    env_class(domain)  # names an unknown domain
+    return importlib.import_module(ENV_CLASSES[domain][0]).contents(text)
+
+
+def prompt_contents(tasks) -> set[str]:
+    """The contents the prompts of RL or MOPD tasks state (their system line and question); what
+    the model then writes is its own, and the observations show the task's own content."""
+    return set().union(*(text_contents(t.domain, (t.meta.get("system") or "") + "\n" + t.prompt) for t in tasks))
+
+
 def get_env(domain: str, **options: Any) -> Any:
     """The environment of `domain`, built with its keyword options (families, difficulty knobs…)."""
     check_env_options(domain, options)

@@ -282,6 +282,14 @@ class AgentEnv:
 # ---- tool calls, observations, answers ---------------------------------------------------------
 
 
+def contents(text: str) -> set[str]:
+    """The databases a text states: none of its own. A content here is a whole database
+    (`database_key`), and an agent text shows rows of only the one its episode runs on (the
+    observations; the expert's traces and corrupted answers copy from them), whose key is the task's
+    own and is recorded with it. Rows out of context cannot name a database: they recur across many."""
+    return set()
+
+
 def check_task(task: Task) -> None:
     """Tasks may come from users' files: say which field is wrong instead of failing deep inside."""
     missing = [name for name in ("family", "goal", "db") if name not in task.meta]

@@ -31,8 +31,9 @@ model writes the function again. The hidden tests judge the last attempt. This i
 pays in code: a tiny model's second and third tries, told what went wrong, pass where its first
 did not. The expert's transcripts show it: with `retry_demos` = p, that fraction of the
 high/max transcripts starts with a failed attempt (a constant of the solution changed, or
-another function of the family), the observation the environment gives for it, and then the
-right function.
+another train function of the family), the observation the environment gives for it, and then the
+right function. A failed attempt never shows a dev or test function (`mopd.envs.splits.trainable`;
+`contents` lists the functions a text states, for the audit).
 
 The expert's completion is `<think>…</think>` then the code in a ```python fence. Its scratchpad
 grows with effort: empty at low; at high the plan as code lines and a check of one example; at
@@ -70,7 +71,7 @@ from typing import Any
 from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
 from mopd.envs.sandbox import Limits, Program, RunResult, Sandbox
-from mopd.envs.splits import check_split, content_hash, split_of
+from mopd.envs.splits import check_split, content_hash, split_of, trainable
 
 FAMILIES = ("list_pipeline", "list_reduce", "string_ops", "string_count", "sequence", "poly", "arith", "linear")
 MAX_DRAWS = 1000
@@ -162,11 +163,7 @@ class CodeEnv:
         for name, (low, high) in (("arith_start", arith_start), ("arith_step", arith_step)):
             if not 0 <= low <= high or (name == "arith_step" and low < 1):
                 raise ValueError(f"code: {name} must be (low, high) with {int(name == 'arith_step')} <= low <= high, got {(low, high)}")
-        self.builders = {
-            **FAMILY_BUILDERS,
-            "arith": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step)),
-            "linear": lambda rng, d: arith_function(rng, tuple(arith_start), tuple(arith_step), stated=True),
-        }
+        self.builders = family_builders(tuple(arith_start), tuple(arith_step))
         self.sandbox_options = {
             "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
         }
@@ -288,12 +285,37 @@ class CodeEnv:
         function = function_from_meta(task.meta)
         right = completion_of(function, task.meta["examples"], task.effort)
         demo = random.Random(f"retry:{task.id}").random() < self.retry_demos
-        wrong = failed_attempt(function, task) if demo and self.attempts[task.effort] > 1 else None
+        wrong = self.failed_attempt(function, task) if demo and self.attempts[task.effort] > 1 else None
         if wrong is None:
             return right
         text, observation = wrong
         return [{"role": "assistant", "content": text}, {"role": "observation", "content": observation},
                 {"role": "assistant", "content": right}]
+
+    def failed_attempt(self, function: Function, task: Task, tries: int = 20) -> tuple[str, str] | None:
+        """A plausible wrong attempt that fails the examples, and the observation it gets.
+
+        The wrong function is the right one with one digit of a step changed (a slip of the hand)
+        or another train function of the family, drawn from the env's builder table, whichever fails
+        first; a slip that lands on a dev or test function is passed over (`trainable`). It is our own
+        generated code, so it runs here; what it returns goes through JSON as a sandboxed run's values
+        would. None when nothing tried fails the examples (`f([-8]) == 0` says little).
+        """
+        rng = random.Random(f"wrong:{task.id}")
+        examples = task.meta["examples"]
+        for attempt in range(tries):
+            wrong = (attempt % 2 == 0 and slip(function, rng)) or self._draw_function(task.meta["family"], "train", rng)
+            if not trainable([content_hash(wrong.source)]):
+                continue
+            try:
+                run = compile_reference(wrong.source)
+                cases = [{"ok": json.loads(json.dumps(run(*case["args"])))} for case in examples]
+            except Exception:  # a changed digit can make a constant Python refuses (07) or a bad index
+                continue
+            observation = failures(examples, cases)
+            if observation is not None:
+                return completion_of(wrong, examples, task.effort), observation
+        return None
 
     # ----------------------------------------------------------------------------- verifying
     def verify(self, task: Task, attempt: Attempts | list[dict[str, str]] | str) -> Verdict:
@@ -469,24 +491,26 @@ def arithmetic_sequence(
     return Step(f"return term n (counting from 0) of the sequence that begins {terms}", code, "y", f"{start + step}-{start}={step}")
 
 
-FAMILY_BUILDERS = {
-    "list_pipeline": lambda rng, d: Function(
-        "xs", "list[int]", "list[int]", tuple(list_step(rng) for _ in range(d))
-    ),
-    "list_reduce": lambda rng, d: Function(
-        "xs", "list[int]", "int", (*(list_step(rng) for _ in range(d - 1)), list_reducer(rng))
-    ),
-    "string_ops": lambda rng, d: Function("s", "str", "str", tuple(string_step(rng) for _ in range(d))),
-    "string_count": lambda rng, d: Function(
-        "s", "str", "int", (*(string_step(rng) for _ in range(d - 1)), string_counter(rng))
-    ),
-    "sequence": lambda rng, d: Function(
-        "n", "int", "list[int]", (sequence_start(rng), *(list_step(rng) for _ in range(d - 1)))
-    ),
-    "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
-    "arith": lambda rng, d: arith_function(rng),
-    "linear": lambda rng, d: arith_function(rng, stated=True),
-}
+def family_builders(arith_start: tuple[int, int] = (0, 5), arith_step: tuple[int, int] = (1, 4)) -> dict:
+    """The domain's one builder table: family → (rng, difficulty) → Function, with the env's ranges."""
+    return {
+        "list_pipeline": lambda rng, d: Function(
+            "xs", "list[int]", "list[int]", tuple(list_step(rng) for _ in range(d))
+        ),
+        "list_reduce": lambda rng, d: Function(
+            "xs", "list[int]", "int", (*(list_step(rng) for _ in range(d - 1)), list_reducer(rng))
+        ),
+        "string_ops": lambda rng, d: Function("s", "str", "str", tuple(string_step(rng) for _ in range(d))),
+        "string_count": lambda rng, d: Function(
+            "s", "str", "int", (*(string_step(rng) for _ in range(d - 1)), string_counter(rng))
+        ),
+        "sequence": lambda rng, d: Function(
+            "n", "int", "list[int]", (sequence_start(rng), *(list_step(rng) for _ in range(d - 1)))
+        ),
+        "poly": lambda rng, d: Function("n", "int", "int", (polynomial(rng, min(d, 3)),)),
+        "arith": lambda rng, d: arith_function(rng, arith_start, arith_step),
+        "linear": lambda rng, d: arith_function(rng, arith_start, arith_step, stated=True),
+    }
 
 
 def arith_function(
@@ -532,31 +556,6 @@ def function_from_meta(meta: dict) -> Function:
 # ------------------------------------------------------------------------------------ traces
 def completion_of(function: Function, examples: list[dict], effort: str) -> str:
     return f"{THINK_OPEN}{trace(function, examples, effort)}{THINK_CLOSE}\n```python\n{function.source}\n```"
-
-
-def failed_attempt(function: Function, task: Task, tries: int = 20) -> tuple[str, str] | None:
-    """A plausible wrong attempt that fails the examples, and the observation it gets.
-
-    The wrong function is the right one with one digit of a step changed (a slip of the hand)
-    or another function of the family, whichever fails first. It is our own generated code, so
-    it runs here; what it returns goes through JSON as a sandboxed run's values would. None
-    when nothing tried fails the examples (`f([-8]) == 0` says little).
-    """
-    rng = random.Random(f"wrong:{task.id}")
-    examples = task.meta["examples"]
-    for attempt in range(tries):
-        wrong = (attempt % 2 == 0 and slip(function, rng)) or FAMILY_BUILDERS[task.meta["family"]](
-            rng, len(function.steps)
-        )
-        try:
-            run = compile_reference(wrong.source)
-            cases = [{"ok": json.loads(json.dumps(run(*case["args"])))} for case in examples]
-        except Exception:  # a changed digit can make a constant Python refuses (07) or a bad index
-            continue
-        observation = failures(examples, cases)
-        if observation is not None:
-            return completion_of(wrong, examples, task.effort), observation
-    return None
 
 
 def slip(function: Function, rng: random.Random) -> Function | None:
@@ -642,6 +641,20 @@ record = run(payload)
 channel.write("\n" + payload["nonce"] + record + "\n")
 channel.flush()
 """
+
+
+DEFINITION = re.compile(r"^def\s+\w+\s*\(.*?(?=^def\s|\Z)", re.DOTALL | re.MULTILINE)
+
+
+def contents(text: str) -> set[str]:
+    """The functions a text states: each definition with a body in a fenced code block, keyed as a
+    task's function is (`content_hash` of its source, whitespace and case aside)."""
+    return {
+        content_hash(definition.strip())
+        for block in FENCED.findall(text)
+        for definition in DEFINITION.findall(block)
+        if "return" in definition
+    }
 
 
 def extract_code(completion: str) -> str | Verdict:

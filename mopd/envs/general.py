@@ -23,6 +23,8 @@ normalised question and answer, whichever family drew it ("Compute 3 + 5." is on
 and `chain`), and the key puts it in exactly one split. Each split draws candidates from an RNG
 derived from (split, seed, index) and keeps only those of its own split, so no seed, family or
 sample size can put one question into two splits. The key is `task.meta["content_hash"]`.
+A train question is drawn only where its worked steps state no dev or test question (`contents`):
+the sums of a chain's trace and the columns of an addition are questions of their own.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 
 from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
-from mopd.envs.splits import check_split, content_hash, split_of
+from mopd.envs.splits import check_split, content_hash, split_of, trainable
 
 OWN_FAMILIES = ("add", "mul", "chain")
 RG_PREFIX = "rg/"
@@ -113,12 +115,18 @@ class GeneralEnv:
         for _ in range(MAX_DRAWS):
             terms, ops = OWN_GENERATORS[family](rng, self.knobs)
             question, answer = question_for(terms, ops), str(evaluate(terms, ops))
-            if split_of(task_key(question, answer)) == split:
+            if split_of(task_key(question, answer)) == split and (split != "train" or self._trainable(family, terms, ops)):
                 return question, answer, {"terms": terms, "ops": ops}
         raise ValueError(
             f"general/{family}: difficulty knobs {self.knobs} leave too few distinct {split} questions "
             f"({MAX_DRAWS} draws found none)"
         )
+
+    @staticmethod
+    def _trainable(family: str, terms: list[int], ops: list[str]) -> bool:
+        """A train question's worked steps (max effort writes them all) state only train questions:
+        `12+5=17` in a chain's trace is the question "Compute 12 + 5." answered."""
+        return trainable(contents(TRACES[family](terms, ops)))
 
     def _rg_stream(self, family: str, split: str, seed: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """reasoning-gym items of this split, drawn from fixed-size chunks (some families build all
@@ -224,6 +232,26 @@ def evaluate(terms: list[int], ops: list[str]) -> int:
 def task_key(question: str, answer: Any) -> str:
     """The split key: the question and the answer (as the verifier reads it), not the family that drew them."""
     return content_hash(question, normalize_answer(str(answer)))
+
+
+QUESTION = re.compile(r"Compute (-?\d+(?: [-+*] -?\d+)*)\.")
+EQUATION = re.compile(r"(?<![\w.])(-?\d+(?:[-+*]\d+)+)=-?\d+(?![\d.])")
+OPERATION = re.compile(r"\s*([-+*])\s*(-?\d+)")
+
+
+def contents(text: str) -> set[str]:
+    """The questions a text states, answered: each "Compute …." question, and each worked sum of a
+    trace (`4+7+1=12`, the question "Compute 4 + 7 + 1."), keyed as the task of that question is
+    (`task_key`, with the true answer whatever the text wrote). reasoning-gym questions have no
+    common form: their key is the task's own."""
+    expressions = QUESTION.findall(text) + EQUATION.findall(text)
+    return {task_key(question_for(terms, ops), evaluate(terms, ops)) for terms, ops in map(parse_expression, expressions)}
+
+
+def parse_expression(expression: str) -> tuple[list[int], list[str]]:
+    first = re.match(r"\s*(-?\d+)", expression)
+    pairs = OPERATION.findall(expression[first.end():])
+    return [int(first.group(1)), *(int(term) for _, term in pairs)], [op for op, _ in pairs]
 
 
 # -------------------------------------------------------------------------------------- traces

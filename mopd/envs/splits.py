@@ -9,8 +9,17 @@ generator that produced it: general hashes the question and the answer, code the
 env's `sample(n, seed, split)` keeps only candidates whose key falls in `split`, so no seed, family
 or sample size can put one content into two splits. The key travels as `task.meta["content_hash"]`.
 
+Text a model is trained on states contents of its own: a failed attempt shows another function, a
+trace works a sub-sum that is itself a question. Each domain lists the contents a text states
+(`mopd.envs.text_contents`: code, each function in a code block; general, each question it asks or
+sum it works with its answer; agent, none beyond its task's database, see `mopd.envs.agent`), and one
+rule decides what may be trained on: `trainable(keys)`, every content of the text is of the train
+split. The generators choose only trainable candidates (the expert's traces, failed-attempt demos,
+corrupted answers) and the base's SFT refuses any example that breaks the rule.
+
 Training stages write the keys they trained on (`write_trained_on`: sorted, one per line) into
-their directory; `mopd bench` reads them back (`read_trained_on`) and counts overlaps per cell.
+their directory: the task keys (`trained_on.txt`) and the content keys found in the text they trained
+on (`trained_text.txt`). `mopd bench` reads both back (`read_trained_on`) and counts overlaps per cell.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ BUCKETS = 100
 TEST_BUCKETS = range(0, 10)
 DEV_BUCKETS = range(10, 20)
 KEY_CHARS = 16  # 64 bits: no collision among millions of tasks
-TRAINED_ON = "trained_on.txt"
+TRAINED_ON = "trained_on.txt"  # the content keys of the tasks a stage trained on
+TRAINED_TEXT = "trained_text.txt"  # the content keys stated in the text a stage trained on
+RECORDS = (TRAINED_ON, TRAINED_TEXT)
 
 
 def normalize(text: str) -> str:
@@ -54,6 +65,11 @@ def split_of(key: str) -> str:
     return "train"
 
 
+def trainable(keys: Iterable[str]) -> bool:
+    """The one rule for text a model is trained on: every content it states is of the train split."""
+    return all(split_of(key) == "train" for key in keys)
+
+
 def check_split(split: str, where: str = "split") -> str:
     if split not in SPLITS:
         raise ValueError(f"{where}={split!r}: must be one of {list(SPLITS)} (dev for tuning, test for reports)")
@@ -61,9 +77,10 @@ def check_split(split: str, where: str = "split") -> str:
 
 
 # ------------------------------------------------------------------------- training records
-def write_trained_on(stage_dir: str | Path, keys: Iterable[str]) -> Path:
-    """Write the sorted, distinct content keys a stage trained on; atomic (temp file, rename)."""
-    path = Path(stage_dir) / TRAINED_ON
+def write_trained_on(stage_dir: str | Path, keys: Iterable[str], record: str = TRAINED_ON) -> Path:
+    """Write the sorted, distinct content keys a stage trained on (`record`: its tasks' keys, or
+    `TRAINED_TEXT` for the contents its text states); atomic (temp file, rename)."""
+    path = Path(stage_dir) / record
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(f"{key}\n" for key in sorted(set(keys))))
@@ -71,9 +88,9 @@ def write_trained_on(stage_dir: str | Path, keys: Iterable[str]) -> Path:
     return path
 
 
-def read_trained_on(stage_dir: str | Path) -> set[str] | None:
-    """The keys a stage recorded, or None when it wrote no record."""
-    path = Path(stage_dir) / TRAINED_ON
+def read_trained_on(stage_dir: str | Path, record: str = TRAINED_ON) -> set[str] | None:
+    """The keys a stage recorded, or None when it wrote no such record."""
+    path = Path(stage_dir) / record
     if not path.is_file():
         return None
     return {line.strip() for line in path.read_text().splitlines() if line.strip()}

@@ -36,8 +36,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot
 from mopd.compute import cpu_seconds
-from mopd.envs import get_env
-from mopd.envs.splits import task_keys, write_trained_on
+from mopd.envs import get_env, prompt_contents
+from mopd.envs.splits import TRAINED_TEXT, task_keys, write_trained_on
 from mopd.model import K3HybridForCausalLM
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
@@ -91,6 +91,7 @@ def grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, tra
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     write_trained_on(out_dir, task_keys(tasks))  # the whole deterministic list: a resumed run records the same
+    write_trained_on(out_dir, prompt_contents(tasks), TRAINED_TEXT)
     rollouts = GroupRollouts(
         engine=engine,
         reference=create_engine(init_dir, backend="hf"),
