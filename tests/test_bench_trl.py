@@ -1,11 +1,28 @@
-"""The ours-vs-TRL benchmark's measures: the held-out KL, the step speed and the seed intervals."""
+"""The ours-vs-TRL benchmark: the held-out KL, the t intervals, the timed window, the shared-input checks,
+the best-TRL-row ratios, failed rows, and (slow) one TRL row and ours end to end on a tiny pair."""
 
+import json
 import math
+import statistics
 
 import pytest
 import torch
 
-from mopd.distill.bench_trl import main, mean_interval, reverse_kl, speed
+from mopd import stats
+from mopd.distill import bench_trl
+from mopd.distill.bench_trl import (
+    best_row,
+    check_run,
+    comparisons,
+    main,
+    mean_interval,
+    prompts_digest,
+    ratios,
+    reverse_kl,
+    summarise,
+    thread_budget,
+    timed_window,
+)
 
 
 def test_reverse_kl_is_the_hand_computed_divergence_on_two_tokens():
@@ -19,30 +36,256 @@ def test_reverse_kl_is_the_hand_computed_divergence_on_two_tokens():
     assert reverse_kl(teacher.log(), teacher.log()).abs().max() < 1e-7
 
 
-def test_speed_leaves_out_the_warm_up_step_and_weights_steps_by_tokens():
-    run = {"step_seconds": [9.0, 1.0, 3.0, 2.0], "tokens": [100, 300, 300, 600]}
-    assert speed(run) == {"step_seconds_median": 2.0, "completion_tokens_per_s": 1200 / 6.0}
-    assert speed({"step_seconds": [4.0], "tokens": [100]}) == {
-        "step_seconds_median": 4.0,
-        "completion_tokens_per_s": 25.0,
-    }
+# ----------------------------------------------------------------------------- Student t
+@pytest.mark.parametrize(
+    ("p", "df", "table"),
+    [
+        (0.975, 1, 12.706),
+        (0.975, 2, 4.303),
+        (0.975, 30, 2.042),
+        (0.975, 10, 2.228),
+        (0.995, 4, 4.604),
+        (0.95, 5, 2.015),
+    ],
+)
+def test_t_quantile_matches_the_printed_table(p, df, table):
+    assert stats.t_quantile(p, df) == pytest.approx(table, abs=5e-4)
+    assert stats.t_quantile(1 - p, df) == pytest.approx(-stats.t_quantile(p, df), rel=1e-9)
 
 
-def test_mean_interval_over_seeds():
+def test_t_distribution_against_closed_forms_and_the_normal_limit():
+    for t in (-3.0, -0.4, 0.0, 0.7, 5.0):
+        assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
+        assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert stats.t_quantile(0.9999999, 1) == pytest.approx(math.tan(math.pi * (0.9999999 - 0.5)), rel=1e-6)
+    assert stats.t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
+    assert stats.t_quantile(0.5, 3) == 0.0
+    for bad in [(0.0, 3), (1.0, 3), (0.9, 0)]:
+        with pytest.raises(ValueError):
+            stats.t_quantile(*bad)
+
+
+def test_mean_interval_over_seeds_uses_the_t_quantile():
+    assert bench_trl.mean_interval is stats.mean_interval
     interval = mean_interval([1.0, 2.0, 3.0])
-    half = 1.959964 * 1.0 / math.sqrt(3)
+    half = 4.302653 * 1.0 / math.sqrt(3)  # t_{0.975, 2}, not the normal 1.96
     assert interval == pytest.approx({"mean": 2.0, "low": 2.0 - half, "high": 2.0 + half})
     assert mean_interval([0.5]) == {"mean": 0.5, "low": None, "high": None}
+    wide = mean_interval([1.0, 2.0, 3.0], level=0.99)
+    assert wide["high"] - wide["mean"] == pytest.approx(9.924843 / math.sqrt(3), rel=1e-5)
 
 
+# ----------------------------------------------------------------------------- the timed window
+def test_window_of_a_synchronous_run_counts_each_timed_steps_own_batch():
+    steps = [(0.0, 9.0), (9.5, 10.5), (11.0, 14.0), (14.0, 16.0)]  # 0.5 s of logging between some steps
+    batches = [
+        {"start": s + 0.1, "end": s + 0.5, "tokens": n} for (s, _), n in zip(steps, [100, 300, 300, 600])
+    ]
+    speed = timed_window(steps, batches)
+    assert speed["step_seconds_median"] == 2.0  # of 1, 3, 2: the warm-up step is left out
+    assert speed["window_seconds"] == 16.0 - 9.5  # wall time, the gaps included
+    assert speed["window_tokens"] == 1200 and speed["window_batches"] == 3
+    assert speed["completion_tokens_per_s"] == 1200 / 6.5
+    one = timed_window([(0.0, 4.0)], [{"start": 1.0, "end": 3.0, "tokens": 100}])
+    assert one["completion_tokens_per_s"] == 25.0 and one["step_seconds_median"] == 4.0
+
+
+def test_window_one_step_off_counts_only_batches_sampled_inside_it():
+    """Step n trains on batch n and samples batch n+1 meanwhile: the warm-up step samples batches 1 and 2,
+    the timed steps 2..4 sample 3 and 4, the last step samples none. Batch 2 is trained in the window but
+    was sampled before it, so it is not counted (the off-by-one-batch the old count made)."""
+    steps = [(0.0, 10.0), (10.0, 12.0), (12.0, 14.0), (14.0, 15.0)]
+    batches = [
+        {"start": 0.0, "end": 4.0, "tokens": 50},  # batch 1, sampled synchronously in step 1
+        {"start": 4.1, "end": 9.0, "tokens": 60},  # batch 2, prefetched during step 1
+        {"start": 10.1, "end": 11.9, "tokens": 70},  # batch 3, during step 2
+        {"start": 12.1, "end": 13.5, "tokens": 80},  # batch 4, during step 3
+    ]
+    speed = timed_window(steps, batches)
+    assert speed["window_tokens"] == 70 + 80 and speed["window_batches"] == 2
+    assert speed["completion_tokens_per_s"] == 150 / 5.0
+    straddling = {"start": 9.0, "end": 10.5, "tokens": 999}  # began before the window: not counted
+    assert timed_window(steps, [*batches, straddling])["window_tokens"] == 150
+
+
+# ----------------------------------------------------------------------------- shared inputs
+def a_run(**changes) -> dict:
+    run = {
+        "steps": [(0.0, 1.0), (1.0, 2.0)],
+        "prompts_sha256": prompts_digest([[1, 2], [3]]),
+        "sampling": {"temperature": 1, "top_p": 1.0, "top_k": None},
+        "dtypes": {"trained": "torch.float32", "vllm": "torch.float32"},
+        "cpus": [0],
+        "torch_threads": {"MainThread": 1},
+    }
+    return run | changes
+
+
+def test_check_run_refuses_a_run_that_did_not_share_the_inputs():
+    budget = thread_budget("trl_hf", 1, [0, 1])
+    digest = prompts_digest([[1, 2], [3]])
+    assert check_run(a_run(), 2, digest, budget) is None
+    broken = {
+        "timed 1 steps": a_run(steps=[(0.0, 1.0)]),
+        "other prompt token ids": a_run(
+            prompts_sha256=prompts_digest([[3], [1, 2]])
+        ),  # the same prompts reordered
+        "sampled with": a_run(sampling={"temperature": 1.0, "top_p": 0.95, "top_k": 0}),
+        "not float32": a_run(dtypes={"trained": "torch.float32", "vllm": "torch.bfloat16"}),
+        "ran on CPUs": a_run(cpus=[0, 1]),
+        "per computing thread": a_run(torch_threads={"MainThread": 1, "mopd-rollouts_0": 2}),
+    }
+    for reason, run in broken.items():
+        assert reason in check_run(run, 2, digest, budget)
+
+
+def test_thread_budget_gives_every_row_the_same_cpus_and_splits_them_one_step_off():
+    assert thread_budget("trl_vllm", 2, [3, 1, 5]) == {
+        "cpus": [1, 3],
+        "torch_threads": 2,
+        "computing_threads": 1,
+    }
+    assert thread_budget("ours_async", 2, [3, 1, 5]) == {
+        "cpus": [1, 3],
+        "torch_threads": 1,
+        "computing_threads": 2,
+    }
+    assert thread_budget("ours_async", 1, [0, 1])["cpus"] == thread_budget("ours", 1, [0, 1])["cpus"] == [0]
+    with pytest.raises(ValueError, match="only 2 CPUs"):
+        thread_budget("ours", 3, [0, 1])
+
+
+# ----------------------------------------------------------------------------- rows and ratios
+def row(tokens_per_s: list[float], step_seconds: list[float], kl: list[float] | None = None) -> dict:
+    runs = [
+        {"seed": seed, "speed": {"completion_tokens_per_s": t, "step_seconds_median": s}}
+        | ({"held_out_kl": kl[seed]} if kl else {})
+        for seed, (t, s) in enumerate(zip(tokens_per_s, step_seconds))
+    ]
+    return summarise(runs)
+
+
+def test_best_trl_row_is_the_fastest_that_ran_and_ratios_pair_seeds():
+    rows = {
+        "ours": row([200.0, 300.0, 260.0], [1.0, 0.8, 0.9], kl=[0.1, 0.2, 0.3]),
+        "ours_async": row([400.0, 420.0, 390.0], [0.5, 0.5, 0.6]),
+        "trl_hf": row([100.0, 150.0, 130.0], [2.0, 1.6, 1.8], kl=[0.2, 0.2, 0.3]),
+        "trl_vllm": row([50.0, 60.0, 55.0], [4.0, 3.5, 3.8]),
+        "gkd": row([90.0, 140.0, 120.0], [2.2, 1.7, 1.9]),
+        "trl_async": summarise([{"seed": 0, "error": "ImportError: no kernels"}, {"seed": 1, "speed": {}}]),
+    }
+    rows["trl_async"]["completion_tokens_per_s"] = {
+        "mean": 1e9
+    }  # a failed row is never the best, however fast
+    assert best_row(rows, bench_trl.SYNC_TRL) == "trl_hf"
+    assert best_row(rows, bench_trl.TRL) == "trl_hf"
+    assert best_row(rows, ["trl_async"]) is None
+
+    out = comparisons(rows)
+    sync = out["ours / best synchronous TRL row"]
+    assert sync["trl"] == "trl_hf"
+    per_seed = [2.0, 2.0, 2.0]  # 200/100, 300/150, 260/130
+    assert (
+        sync["completion_tokens_per_s"] == {"mean": 2.0, "low": 2.0, "high": 2.0} == mean_interval(per_seed)
+    )
+    steps = [0.5, 0.5, 0.5]
+    assert sync["step_seconds"] == pytest.approx(mean_interval(steps))
+    kl = [0.5, 1.0, 1.0]
+    assert sync["held_out_kl"] == pytest.approx(mean_interval(kl))
+    assert out["ours_async / AsyncDistillationTrainer"] == {
+        "trl": "trl_async",
+        "error": "trl_async did not run: seed 0: ImportError: no kernels",
+    }
+    against_best = out["ours_async / best TRL row"]
+    expected = mean_interval([400 / 100, 420 / 150, 390 / 130])
+    assert against_best["trl"] == "trl_hf" and against_best["completion_tokens_per_s"] == pytest.approx(
+        expected
+    )
+    assert "held_out_kl" not in against_best  # ours_async has none
+    half = expected["high"] - expected["mean"]
+    assert half == pytest.approx(4.302653 * statistics.stdev([4.0, 2.8, 3.0]) / math.sqrt(3), rel=1e-6)
+
+
+def test_ratios_are_means_of_per_seed_ratios_not_ratios_of_means():
+    ours, trl = row([100.0, 400.0], [1.0, 1.0]), row([50.0, 400.0], [1.0, 1.0])
+    assert ratios(ours, trl)["completion_tokens_per_s"]["mean"] == pytest.approx((2.0 + 1.0) / 2)
+
+
+def test_comparisons_say_why_when_the_trl_row_is_missing():
+    rows = {"ours": row([1.0], [1.0]), "trl_async": row([1.0], [1.0])}
+    out = comparisons(rows)
+    assert out == {"ours / best synchronous TRL row": {"error": "no best synchronous TRL row ran"}}
+
+
+def test_a_failing_config_is_recorded_and_the_benchmark_goes_on(tmp_path, monkeypatch):
+    def raising(*args):
+        raise RuntimeError("no NCCL here")
+
+    monkeypatch.setattr(bench_trl, "in_fresh_process", lambda fn, *args: fn(*args))
+    monkeypatch.setattr(bench_trl, "RUNNERS", bench_trl.RUNNERS | {"trl_async": (raising, {}, "TRL async")})
+    monkeypatch.setattr(bench_trl, "step_prompts", lambda *args: [[{"text": "x", "ids": [1]}]])
+    args = bench_trl.argparse.Namespace(
+        configs=["trl_async"],
+        seeds=[0, 1],
+        steps=1,
+        prompts_per_step=1,
+        threads=1,
+        cpus=[0],
+        eval_tasks=0,
+        trl_async_servers=["a", "b"],
+    )
+    rows, _ = bench_trl.bench(tmp_path, tmp_path, tmp_path, args)
+    assert rows["trl_async"]["error"] == "seed 0: RuntimeError: no NCCL here"
+    assert [r["error"] for r in rows["trl_async"]["runs"]] == ["RuntimeError: no NCCL here"] * 2
+    assert "completion_tokens_per_s" not in rows["trl_async"]
+
+
+# ----------------------------------------------------------------------------- the command line
 def test_bad_arguments_are_refused_before_any_model_loads(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     for argv, message in [
         (["--preset-small", "--teacher", str(tmp_path)], "give --teacher, or --preset-small"),
         (["--teacher", str(tmp_path / "nowhere")], "nowhere: no config.json"),
         (["--teacher", str(tmp_path), "--seeds", "0,x"], "--seeds '0,x'"),
+        (["--teacher", str(tmp_path), "--configs", "ours,trl_fast"], "--configs ours,trl_fast: rows are"),
+        (["--teacher", str(tmp_path), "--trl-async-servers", "http://a"], "STUDENT_URL,TEACHER_URL"),
+        (["--teacher", str(tmp_path), "--threads", "999"], "--threads 999: only"),
     ]:
         with pytest.raises(SystemExit) as exit:
             main(["--student", str(tmp_path), "--out", str(tmp_path / "out.json"), *argv])
         assert exit.value.code == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, tiny_tokenizer):
+    """One seed, two steps of two prompts, no held-out KL: each row in its own process (~35 s on 2 cores)."""
+    from mopd.distill.fakes import seeded_copy
+    from mopd.model import K3HybridForCausalLM, preset_config
+
+    torch.manual_seed(0)
+    K3HybridForCausalLM(
+        preset_config("tiny", num_hidden_layers=2, vocab_size=len(tiny_tokenizer))
+    ).save_pretrained(tmp_path / "student")
+    tiny_tokenizer.save_pretrained(tmp_path / "student")
+    teacher = seeded_copy(tmp_path / "student", tmp_path / "teacher", seed=1)
+    out = tmp_path / "trl.json"
+    main(["--student", str(tmp_path / "student"), "--teacher", str(teacher), "--out", str(out), "--configs",
+          "trl_hf,ours", "--seeds", "0", "--steps", "2", "--prompts-per-step", "2", "--eval-tasks", "0"])  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert set(rows) == {"trl_hf", "ours"} and not [n for n, r in rows.items() if "error" in r], rows
+    runs = [rows[name]["runs"][0] for name in ("trl_hf", "ours")]
+    digest = result["setup"]["prompts_sha256"]["0"]
+    for run in runs:
+        assert run["prompts_sha256"] == digest and run["cpus"] == result["machine"]["cpus"]
+        assert run["speed"]["window_batches"] == 1 and run["speed"]["window_tokens"] > 0
+        assert run["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    assert result["best_trl"] == {"synchronous": "trl_hf", "any": "trl_hf"}
+    ratio = result["ours_over_trl"]["ours / best synchronous TRL row"]
+    tokens = [r["speed"]["completion_tokens_per_s"] for r in runs]
+    assert ratio["trl"] == "trl_hf" and ratio["completion_tokens_per_s"]["mean"] == pytest.approx(
+        tokens[1] / tokens[0]
+    )
+    assert ratio["completion_tokens_per_s"]["low"] is None  # one seed: no interval
+    assert "machine" in result and result["machine"]["cpu_count"] >= 1
