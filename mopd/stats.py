@@ -1,4 +1,7 @@
-"""Intervals over a few repeats (seeds): the mean ± a Student-t quantile times the standard error.
+"""The project's statistics, at the bottom of the import graph: intervals over a few repeats
+(seeds), over seeds × tasks (`two_way`, paired by subtracting matrices first), over seeds × contents
+(`clustered`), ratios by the delta method (`ratio`), all as the mean ± a Student-t quantile times
+the standard error.
 
 Stdlib only, at the bottom of the import graph. scipy is not a dependency, so the t quantile is the
 inverse of the t CDF by bisection, the CDF through the regularized incomplete beta function
@@ -12,8 +15,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 _TINY = 1e-300
+NORMAL_975 = 1.959964  # the t quantile's limit as df → ∞
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
@@ -95,3 +100,109 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> dict[str, flo
         t_quantile((1.0 + level) / 2.0, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     )
     return {"mean": mean, "low": mean - half, "high": mean + half}
+
+
+# -------------------------------------------------------------- seeds × tasks matrices
+@dataclass
+class Interval:
+    mean: float
+    low: float
+    high: float
+    se: float
+    df: float  # degrees of freedom behind the t quantile (Satterthwaite for the two-way case)
+
+    def text(self, number: str = "{:.2f}") -> str:
+        if math.isnan(self.mean):
+            return "—"
+        if math.isnan(self.low):
+            return f"{number.format(self.mean)} (no interval: one draw)"
+        return f"{number.format(self.mean)} [{number.format(self.low)}, {number.format(self.high)}]"
+
+
+Matrix = list[list[float]]  # seeds × tasks (or seeds × contents)
+
+
+def clustered(x: Matrix | None, keys: list[str] | None) -> Matrix | None:
+    """seeds × contents: the tasks of one content averaged into one column. Answers to one content
+    are not independent draws, so the intervals count each content once (each weighs once in the
+    mean too); where every content is distinct this is the task matrix itself."""
+    if x is None or keys is None:
+        return x
+    columns: dict[str, list[int]] = {}
+    for j, key in enumerate(keys):
+        columns.setdefault(key, []).append(j)
+    return [[statistics.fmean(row[j] for j in js) for js in columns.values()] for row in x]
+
+
+def subtract(a: Matrix, b: Matrix) -> Matrix:
+    return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+
+
+def two_way(x: Matrix) -> Interval:
+    """Mean of a seeds × tasks matrix with its 95% interval. Var(mean) = σ²_seed/S + σ²_task/T +
+    σ²_noise/(S·T), estimated without bias by (MS_seed + MS_task − MS_noise)/(S·T) from the two-way
+    ANOVA mean squares (floored at the noise term alone); degrees of freedom by Satterthwaite.
+    With one seed it is the usual paired interval over tasks."""
+    s, t = len(x), len(x[0])
+    grand = statistics.fmean(v for row in x for v in row)
+    if s * t < 2:
+        return Interval(grand, math.nan, math.nan, math.nan, 0)
+    seed_means = [statistics.fmean(row) for row in x]
+    task_means = [statistics.fmean(col) for col in zip(*x)]
+    if s == 1:
+        return with_t(grand, statistics.stdev(x[0]) / math.sqrt(t), t - 1)
+    if t == 1:
+        return with_t(grand, statistics.stdev(seed_means) / math.sqrt(s), s - 1)
+    ms_seed = t * statistics.variance(seed_means)
+    ms_task = s * statistics.variance(task_means)
+    residual = sum((v - seed_means[i] - task_means[j] + grand) ** 2 for i, row in enumerate(x) for j, v in enumerate(row))
+    ms_noise = residual / ((s - 1) * (t - 1))
+    combined = max(ms_seed + ms_task - ms_noise, ms_noise)
+    pieces = ms_seed**2 / (s - 1) + ms_task**2 / (t - 1) + ms_noise**2 / ((s - 1) * (t - 1))
+    df = combined**2 / pieces if pieces > 0 else math.inf
+    return with_t(grand, math.sqrt(combined / (s * t)), df)
+
+
+def accuracy(x: Matrix) -> Interval:
+    """`two_way` of scores in [0, 1], its interval cut to [0, 1]: an accuracy cannot leave it, though
+    a t interval on a few seeds near the floor does."""
+    a = two_way(x)
+    return a if math.isnan(a.low) else Interval(a.mean, max(0.0, a.low), min(1.0, a.high), a.se, a.df)
+
+
+def over_seeds(values: list[float]) -> Interval:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, math.nan, math.nan, math.nan, 0)
+    return with_t(mean, statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1)
+
+
+def ratio(numerator: Matrix, denominator: Matrix) -> Interval:
+    """mean(numerator) ÷ mean(denominator), by the delta method: the error of the ratio R is that of
+    mean(numerator − R·denominator) ÷ mean(denominator)."""
+    top, bottom = grand_mean(numerator), grand_mean(denominator)
+    if bottom == 0:
+        return Interval(math.nan, math.nan, math.nan, math.nan, 0)
+    r = top / bottom
+    z = two_way(subtract(numerator, scaled(denominator, r)))
+    return with_t(r, z.se / abs(bottom), z.df)
+
+
+def gain_share(student: Matrix, teacher: Matrix, base: Matrix) -> Interval:
+    """(student − base) ÷ (teacher − base): the share of the teacher's gain over the base that the
+    student keeps. Unstable where the teacher barely beats the base; NaN where it does not at all."""
+    return ratio(subtract(student, base), subtract(teacher, base)) if grand_mean(subtract(teacher, base)) > 0 else (
+        Interval(math.nan, math.nan, math.nan, math.nan, 0))
+
+
+def scaled(x: Matrix, factor: float) -> Matrix:
+    return [[v * factor for v in row] for row in x]
+
+
+def grand_mean(x: Matrix) -> float:
+    return statistics.fmean(v for row in x for v in row)
+
+
+def with_t(mean: float, se: float, df: float) -> Interval:
+    half = (t_quantile(0.975, df) if math.isfinite(df) else NORMAL_975) * se
+    return Interval(mean, mean - half, mean + half, se, df)

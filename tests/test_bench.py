@@ -24,7 +24,6 @@ from mopd.bench import plots
 from mopd.bench.audit import audit_jobs
 from mopd.bench.report import TABLES, difference_se, markdown
 from mopd.bench.run import (
-    EngineCache,
     ModelRef,
     bench_command,
     bench_run_dir,
@@ -47,7 +46,8 @@ from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.pipeline import StageContext
 from mopd.recipe import ROOT, Recipe, load_recipe, load_teacher_specs
 from mopd.rl.grpo import teacher_env, teacher_tasks
-from mopd.rollout import engine as engine_module
+from mopd.rollout import engine_cache
+from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout
 
 TINY_BUDGETS = {
@@ -346,8 +346,8 @@ def test_a_checkpoint_saved_with_use_cache_off_is_swapped_in_not_restarted(check
     teacher = write_checkpoint(tmp_path / "teacher", tokenizer, 2)
     config = json.loads((teacher / "config.json").read_text())
     (teacher / "config.json").write_text(json.dumps({**config, "use_cache": False}))
-    starts, create_engine = [], engine_module.create_engine
-    monkeypatch.setattr(engine_module, "create_engine", lambda path, **kw: starts.append(path) or create_engine(path, **kw))
+    starts, create_engine = [], engine_cache.create_engine
+    monkeypatch.setattr(engine_cache, "create_engine", lambda path, **kw: starts.append(path) or create_engine(path, **kw))
     cache = EngineCache("hf")
     for path in (checkpoints[0], teacher, checkpoints[1], teacher):
         engine = cache.load(Path(path))

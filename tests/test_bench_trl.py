@@ -8,9 +8,8 @@ import statistics
 import pytest
 import torch
 
-from mopd import stats
-from mopd.distill import bench_trl
-from mopd.distill.bench_trl import (
+from benchmarks import mopd_vs_trl
+from benchmarks.mopd_vs_trl import (
     best_row,
     check_run,
     comparisons,
@@ -23,6 +22,7 @@ from mopd.distill.bench_trl import (
     thread_budget,
     timed_window,
 )
+from mopd import stats
 
 
 def test_reverse_kl_is_the_hand_computed_divergence_on_two_tokens():
@@ -66,7 +66,7 @@ def test_t_distribution_against_closed_forms_and_the_normal_limit():
 
 
 def test_mean_interval_over_seeds_uses_the_t_quantile():
-    assert bench_trl.mean_interval is stats.mean_interval
+    assert mopd_vs_trl.mean_interval is stats.mean_interval
     interval = mean_interval([1.0, 2.0, 3.0])
     half = 4.302653 * 1.0 / math.sqrt(3)  # t_{0.975, 2}, not the normal 1.96
     assert interval == pytest.approx({"mean": 2.0, "low": 2.0 - half, "high": 2.0 + half})
@@ -177,8 +177,8 @@ def test_best_trl_row_is_the_fastest_that_ran_and_ratios_pair_seeds():
     rows["trl_async"]["completion_tokens_per_s"] = {
         "mean": 1e9
     }  # a failed row is never the best, however fast
-    assert best_row(rows, bench_trl.SYNC_TRL) == "trl_hf"
-    assert best_row(rows, bench_trl.TRL) == "trl_hf"
+    assert best_row(rows, mopd_vs_trl.SYNC_TRL) == "trl_hf"
+    assert best_row(rows, mopd_vs_trl.TRL) == "trl_hf"
     assert best_row(rows, ["trl_async"]) is None
 
     out = comparisons(rows)
@@ -221,10 +221,10 @@ def test_a_failing_config_is_recorded_and_the_benchmark_goes_on(tmp_path, monkey
     def raising(*args):
         raise RuntimeError("no NCCL here")
 
-    monkeypatch.setattr(bench_trl, "in_fresh_process", lambda fn, *args: fn(*args))
-    monkeypatch.setattr(bench_trl, "RUNNERS", bench_trl.RUNNERS | {"trl_async": (raising, {}, "TRL async")})
-    monkeypatch.setattr(bench_trl, "step_prompts", lambda *args: [[{"text": "x", "ids": [1]}]])
-    args = bench_trl.argparse.Namespace(
+    monkeypatch.setattr(mopd_vs_trl, "in_fresh_process", lambda fn, *args: fn(*args))
+    monkeypatch.setattr(mopd_vs_trl, "RUNNERS", mopd_vs_trl.RUNNERS | {"trl_async": (raising, {}, "TRL async")})
+    monkeypatch.setattr(mopd_vs_trl, "step_prompts", lambda *args: [[{"text": "x", "ids": [1]}]])
+    args = mopd_vs_trl.argparse.Namespace(
         configs=["trl_async"],
         seeds=[0, 1],
         steps=1,
@@ -234,7 +234,7 @@ def test_a_failing_config_is_recorded_and_the_benchmark_goes_on(tmp_path, monkey
         eval_tasks=0,
         trl_async_servers=["a", "b"],
     )
-    rows, _ = bench_trl.bench(tmp_path, tmp_path, tmp_path, args)
+    rows, _ = mopd_vs_trl.bench(tmp_path, tmp_path, tmp_path, args)
     assert rows["trl_async"]["error"] == "seed 0: RuntimeError: no NCCL here"
     assert [r["error"] for r in rows["trl_async"]["runs"]] == ["RuntimeError: no NCCL here"] * 2
     assert "completion_tokens_per_s" not in rows["trl_async"]
@@ -260,8 +260,8 @@ def test_bad_arguments_are_refused_before_any_model_loads(tmp_path, capsys):
 @pytest.mark.slow
 def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, tiny_tokenizer):
     """One seed, two steps of two prompts, no held-out KL: each row in its own process (~35 s on 2 cores)."""
-    from mopd.distill.fakes import seeded_copy
     from mopd.model import K3HybridForCausalLM, preset_config
+    from tests.fakes import seeded_copy
 
     torch.manual_seed(0)
     K3HybridForCausalLM(

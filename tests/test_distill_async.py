@@ -5,15 +5,16 @@ import json
 import pytest
 import torch
 
-from mopd.distill.fakes import seeded_copy
 from mopd.distill.routing import build_route_table, cell_of
 from mopd.distill.scorer import TeacherPool
-from mopd.distill.trainer import Student, envs_for, task_source, train_mopd
+from mopd.distill.student import Student
+from mopd.distill.trainer import envs_for, task_source, train_mopd
 from mopd.envs.effort import EffortSpec
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
+from tests.fakes import seeded_copy
 
 CELLS = ["general-low", "general-high"]
 SHORT = {e: EffortSpec(budget_tokens=4, answer_tokens=4) for e in ("low", "high", "max")}

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import mopd.distill.trainer
-from mopd.distill.fakes import EASY_ENV_OPTIONS, sft_on_tasks
 from mopd.distill.pair import add_distill_parser, main
 from mopd.envs import get_env
 from mopd.envs.splits import read_trained_on, split_of
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.recipe import DistillSpec
+from tests.fakes import EASY_ENV_OPTIONS, sft_on_tasks
 
 STEPS = 32
 HELD_OUT = 8

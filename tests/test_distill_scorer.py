@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.teacher_scoring_memory import materialised_score
 from mopd.distill import scorer as scorer_module
-from mopd.distill.bench_scoring import materialised_score
 from mopd.distill.routing import build_route_table
 from mopd.distill.scorer import TeacherPool, TeacherScorer, token_budget_batches
 from mopd.model import K3HybridForCausalLM, preset_config
@@ -212,10 +212,10 @@ def test_a_pool_refuses_a_cap_below_one_and_an_offloaded_scorer_refuses_to_score
 def test_the_trainer_scores_with_at_most_max_resident_teachers_loaded(tmp_path, tiny_tokenizer, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from mopd.distill.fakes import seeded_copy
     from mopd.distill.trainer import train_mopd
     from mopd.envs.effort import EffortSpec
     from mopd.recipe import DistillSpec
+    from tests.fakes import seeded_copy
 
     torch.manual_seed(0)
     K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tiny_tokenizer))).save_pretrained(tmp_path / "s")

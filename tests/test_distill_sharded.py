@@ -5,14 +5,15 @@ import ray
 import torch
 
 import mopd.model.moe
-from mopd.distill.fakes import seeded_copy
 from mopd.distill.scorer import TeacherScorer
 from mopd.distill.sharded import ShardedStudent
-from mopd.distill.trainer import Student, length_sorted_micro_batches, load_student, save_checkpoint
+from mopd.distill.student import Student, length_sorted_micro_batches
+from mopd.distill.trainer import load_student, save_checkpoint
 from mopd.envs.base import Task
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
+from tests.fakes import seeded_copy
 
 CELLS = ["general-low", "general-high"]
 MICRO_BATCH_TOKENS = 64

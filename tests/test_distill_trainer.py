@@ -6,22 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mopd.distill.fakes import seeded_copy
 from mopd.distill.routing import RoutingError
 from mopd.distill.scorer import TeacherScorer
-from mopd.distill.trainer import (
-    StalenessError,
-    Student,
-    check_staleness,
-    collate,
-    length_sorted_micro_batches,
-    train_mopd,
-)
+from mopd.distill.student import Student, collate, length_sorted_micro_batches
+from mopd.distill.trainer import StalenessError, check_staleness, train_mopd
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
+from tests.fakes import seeded_copy
 
 CELLS = ["general-low", "general-high"]
 SHORT = {e: EffortSpec(budget_tokens=4, answer_tokens=4) for e in ("low", "high", "max")}

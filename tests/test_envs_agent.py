@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks.agent_env import main
 from mopd.envs.agent import FAMILIES, AgentEnv, database_key, parse_rows, task_identity
-from mopd.envs.agent_db import FIRST_NAMES, TABLES, _build, build_database, open_plain
+from mopd.envs.agent.database import FIRST_NAMES, TABLES, _build, build_database, open_plain
 from mopd.envs.base import Task, split_thinking
-from mopd.envs.bench_agent import main
 from mopd.envs.chat import render_turns
 from mopd.envs.data import dataset_to_tasks, tasks_to_dataset, verify_task
 from mopd.envs.splits import SPLITS, content_hash, split_of

@@ -137,8 +137,8 @@ def test_moe_runs_every_expert_densely_for_few_tokens_with_the_routed_result(mon
 
 
 def test_model_bench_times_both_moe_paths_and_restores_the_switch():
+    from benchmarks.model_speed import bench_moe
     from mopd.model import moe as moe_module
-    from mopd.model.bench import bench_moe
 
     default = moe_module.DENSE_EXPERT_PAIRS
     few, many = (bench_moe(preset_config("tiny"), tokens, reps=1) for tokens in (16, 4096))

@@ -11,18 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mopd.bench.seeds import (
-    Interval,
-    accuracy,
-    clustered,
-    gain_share,
-    ratio,
-    summarise,
-    two_way,
-    verdict,
-    write_summary,
-)
+from mopd.bench.seeds import summarise, verdict, write_summary
 from mopd.envs.base import DOMAINS, EFFORTS
+from mopd.stats import Interval, accuracy, clustered, gain_share, ratio, two_way
 
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = [f"{d}-{e}" for d in DOMAINS for e in EFFORTS]

@@ -188,10 +188,10 @@ def test_trimming_padding_leaves_the_policy_log_probs_unchanged(run_dir):
 
 
 def test_rl_bench_compares_our_micro_batches_with_trls(run_dir, tmp_path):
-    from mopd.rl import bench
+    from benchmarks import grpo_step
 
     out = tmp_path / "rl.json"
-    bench.main([
+    grpo_step.main([
         "--recipe", str(ROOT / "recipes/smoke.yaml"), "--base", str(run_dir / "base"), "--cells", "code-max",
         "--steps", "2", "--compare-trl-batches", "--out", str(out), "rollout=hf",
         "teachers.common={prompts_per_step: 2, group_size: 4, micro_batch_size: 2}",

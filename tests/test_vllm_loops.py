@@ -18,7 +18,6 @@ import torch
 import mopd.distill.trainer
 import mopd.rl.grpo
 from mopd.base import build_base
-from mopd.distill.fakes import seeded_copy
 from mopd.distill.trainer import train_mopd
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.pipeline import StageContext
@@ -26,6 +25,7 @@ from mopd.recipe import DistillSpec, load_recipe, load_teacher_specs
 from mopd.rl.grpo import train_teacher
 from mopd.rollout.engine import create_engine
 from mopd.rollout.vllm_backend import VllmEngine
+from tests.fakes import seeded_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-4

@@ -20,7 +20,6 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from mopd.bench.report import accuracy_ratio
 from mopd.envs.base import DOMAINS, EFFORTS
 
 EFFORT_MARK = {"low": "L", "high": "H", "max": "M"}
@@ -200,3 +199,10 @@ def plot_ratio_heatmap(report: dict[str, Any]):
     )
     figure.colorbar(image, ax=ax, label=f"accuracy ratio ({subject} / {reference_label})")
     return figure
+
+
+def accuracy_ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float:
+    """ours / theirs accuracy; NaN when either is missing or the reference scored 0."""
+    if not ours or not theirs or theirs["accuracy"] <= 0:
+        return math.nan
+    return ours["accuracy"] / theirs["accuracy"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from mopd.artifacts import write_json_atomic, write_text_atomic
 from mopd.bench.audit import audit_text
+from mopd.bench.plots import accuracy_ratio, write_plots
 from mopd.envs.base import EFFORTS
 
 # (title, metric keys shown as "a / b", number format)
@@ -35,8 +36,6 @@ PLOTS = {
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:
-    from mopd.bench.plots import write_plots
-
     out.mkdir(parents=True, exist_ok=True)
     report["out"] = str(out)
     report["plots"] = write_plots(report, out)
@@ -226,13 +225,6 @@ def difference_se(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     if a and b and len(a) == len(b) > 1:
         return statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(len(a))
     return math.hypot(ours.get("accuracy_se", math.nan), theirs.get("accuracy_se", math.nan))
-
-
-def accuracy_ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float:
-    """ours / theirs accuracy; NaN when either is missing or the reference scored 0."""
-    if not ours or not theirs or theirs["accuracy"] <= 0:
-        return math.nan
-    return ours["accuracy"] / theirs["accuracy"]
 
 
 def cell_text(row: dict[str, Any] | None, keys: tuple[str, ...], number: str) -> str:

@@ -19,7 +19,6 @@ tokens over that time.
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import platform
@@ -41,7 +40,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mopd.artifacts import config_hash, read_json
+from mopd.artifacts import read_json
 from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in, training_compute
 from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
@@ -50,6 +49,7 @@ from mopd.envs.sandbox import describe_backend
 from mopd.envs.splits import task_keys
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine import CheckpointError, load_k3_config
+from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout, run_rollouts
 
 console = Console(stderr=True)
@@ -440,56 +440,6 @@ def run_on_workers(
         if started:
             ray.shutdown()
     return [metrics[i] for i in range(len(jobs))]
-
-
-class EngineCache:
-    """One engine at a time. A checkpoint with the same architecture and tensor names as the loaded one
-    is swapped in with `update_weights` (a run's base, teachers and student all are): starting a vLLM
-    engine costs far more than copying a tiny model's weights."""
-
-    def __init__(self, backend: str):
-        self.backend, self.engine, self.signature = backend, None, None
-
-    def load(self, path: Path):
-        from mopd.rollout.engine import create_engine
-
-        signature = checkpoint_signature(path)
-        if self.engine is not None and signature == self.signature:
-            self.engine.update_weights(checkpoint_weights(path))
-            return self.engine
-        if self.engine is not None:
-            self.engine.close()
-        self.engine = None
-        gc.collect()
-        self.engine, self.signature = create_engine(path, backend=self.backend), signature
-        return self.engine
-
-
-# Config keys that say nothing about the served model. `use_cache` is a generate-time default
-# (transformers' Trainer saves it off: a run's teachers differ from its base and student in it alone).
-NOT_ARCHITECTURE = ("_name_or_path", "transformers_version", "use_cache")
-
-
-def checkpoint_signature(path: Path) -> str:
-    """Equal for checkpoints that differ in weight values only."""
-    from safetensors import safe_open
-
-    config = {k: v for k, v in read_json(path / "config.json").items() if k not in NOT_ARCHITECTURE}
-    names = []
-    for weights in sorted(path.glob("*.safetensors")):
-        with safe_open(weights, "pt") as f:
-            names += f.keys()
-    return config_hash(config, sorted(names))
-
-
-def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {
-        name: tensor
-        for weights in sorted(path.glob("*.safetensors"))
-        for name, tensor in load_file(weights).items()
-    }
 
 
 def cell_line(model: str, cell: str, metrics: dict) -> str:

@@ -26,39 +26,20 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from mopd.artifacts import read_json
 from mopd.bench.suite import BenchError
 from mopd.envs.base import DOMAINS, EFFORTS
+from mopd.stats import Interval, Matrix, accuracy, clustered, gain_share, over_seeds, ratio, subtract, two_way
 
 TARGET_RATIO = 0.9
 TIE = 1e-9  # float noise in a verdict's comparison: (9/384) / (10/384) is 0.8999999999999999
 STAGES = ("base", "teachers", "distill", "baselines/mixed_rl", "curves", "bench")
-# Student's t 97.5% quantiles by degrees of freedom; a fractional df takes the next lower row
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 
 
-@dataclass
-class Interval:
-    mean: float
-    low: float
-    high: float
-    se: float
-    df: float  # degrees of freedom behind the t quantile (Satterthwaite for the two-way case)
-
-    def text(self, number: str = "{:.2f}") -> str:
-        if math.isnan(self.mean):
-            return "—"
-        if math.isnan(self.low):
-            return f"{number.format(self.mean)} (no interval: one draw)"
-        return f"{number.format(self.mean)} [{number.format(self.low)}, {number.format(self.high)}]"
-
-
-Matrix = list[list[float]]  # seeds × tasks
 
 
 # ----------------------------------------------------------------------------------- the summary
@@ -197,18 +178,6 @@ def contents_of(reports: dict[int, dict], domain: str, effort: str) -> list[str]
     return [f"{domain}:{key}" for key in keys] if keys else None
 
 
-def clustered(x: Matrix | None, keys: list[str] | None) -> Matrix | None:
-    """seeds × contents: the tasks of one content averaged into one column. Answers to one content
-    are not independent draws, so the intervals count each content once (each weighs once in the
-    mean too); where every content is distinct this is the task matrix itself."""
-    if x is None or keys is None:
-        return x
-    columns: dict[str, list[int]] = {}
-    for j, key in enumerate(keys):
-        columns.setdefault(key, []).append(j)
-    return [[statistics.fmean(row[j] for j in js) for js in columns.values()] for row in x]
-
-
 def matrix(reports: dict[int, dict], role_or_name: str, domain: str, effort: str) -> Matrix | None:
     """seeds × contents within-budget scores of a model in a cell (`clustered`)."""
     return clustered(task_matrix(reports, role_or_name, domain, effort), contents_of(reports, domain, effort))
@@ -316,87 +285,6 @@ def verdict(interval: dict[str, float], above: float, inclusive: bool = False) -
 
 def all_of(verdicts: list[dict[str, bool]]) -> dict[str, bool]:
     return {"holds": all(v["holds"] for v in verdicts), "beyond_noise": all(v["beyond_noise"] for v in verdicts)}
-
-
-# ---------------------------------------------------------------------------------- statistics
-def subtract(a: Matrix, b: Matrix) -> Matrix:
-    return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
-
-
-def two_way(x: Matrix) -> Interval:
-    """Mean of a seeds × tasks matrix with its 95% interval. Var(mean) = σ²_seed/S + σ²_task/T +
-    σ²_noise/(S·T), estimated without bias by (MS_seed + MS_task − MS_noise)/(S·T) from the two-way
-    ANOVA mean squares (floored at the noise term alone); degrees of freedom by Satterthwaite.
-    With one seed it is the usual paired interval over tasks."""
-    s, t = len(x), len(x[0])
-    grand = statistics.fmean(v for row in x for v in row)
-    if s * t < 2:
-        return Interval(grand, math.nan, math.nan, math.nan, 0)
-    seed_means = [statistics.fmean(row) for row in x]
-    task_means = [statistics.fmean(col) for col in zip(*x)]
-    if s == 1:
-        return with_t(grand, statistics.stdev(x[0]) / math.sqrt(t), t - 1)
-    if t == 1:
-        return with_t(grand, statistics.stdev(seed_means) / math.sqrt(s), s - 1)
-    ms_seed = t * statistics.variance(seed_means)
-    ms_task = s * statistics.variance(task_means)
-    residual = sum((v - seed_means[i] - task_means[j] + grand) ** 2 for i, row in enumerate(x) for j, v in enumerate(row))
-    ms_noise = residual / ((s - 1) * (t - 1))
-    combined = max(ms_seed + ms_task - ms_noise, ms_noise)
-    pieces = ms_seed**2 / (s - 1) + ms_task**2 / (t - 1) + ms_noise**2 / ((s - 1) * (t - 1))
-    df = combined**2 / pieces if pieces > 0 else math.inf
-    return with_t(grand, math.sqrt(combined / (s * t)), df)
-
-
-def accuracy(x: Matrix) -> Interval:
-    """`two_way` of scores in [0, 1], its interval cut to [0, 1]: an accuracy cannot leave it, though
-    a t interval on a few seeds near the floor does."""
-    a = two_way(x)
-    return a if math.isnan(a.low) else Interval(a.mean, max(0.0, a.low), min(1.0, a.high), a.se, a.df)
-
-
-def over_seeds(values: list[float]) -> Interval:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return Interval(mean, math.nan, math.nan, math.nan, 0)
-    return with_t(mean, statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1)
-
-
-def ratio(numerator: Matrix, denominator: Matrix) -> Interval:
-    """mean(numerator) ÷ mean(denominator), by the delta method: the error of the ratio R is that of
-    mean(numerator − R·denominator) ÷ mean(denominator)."""
-    top, bottom = grand_mean(numerator), grand_mean(denominator)
-    if bottom == 0:
-        return Interval(math.nan, math.nan, math.nan, math.nan, 0)
-    r = top / bottom
-    z = two_way(subtract(numerator, scaled(denominator, r)))
-    return with_t(r, z.se / abs(bottom), z.df)
-
-
-def gain_share(student: Matrix, teacher: Matrix, base: Matrix) -> Interval:
-    """(student − base) ÷ (teacher − base): the share of the teacher's gain over the base that the
-    student keeps. Unstable where the teacher barely beats the base; NaN where it does not at all."""
-    return ratio(subtract(student, base), subtract(teacher, base)) if grand_mean(subtract(teacher, base)) > 0 else (
-        Interval(math.nan, math.nan, math.nan, math.nan, 0))
-
-
-def scaled(x: Matrix, factor: float) -> Matrix:
-    return [[v * factor for v in row] for row in x]
-
-
-def grand_mean(x: Matrix) -> float:
-    return statistics.fmean(v for row in x for v in row)
-
-
-def with_t(mean: float, se: float, df: float) -> Interval:
-    half = t_quantile(df) * se
-    return Interval(mean, mean - half, mean + half, se, df)
-
-
-def t_quantile(df: float) -> float:
-    if df == math.inf or df > max(T_975):
-        return 1.96
-    return T_975[max((d for d in T_975 if d <= max(df, 1)), default=1)]
 
 
 # ------------------------------------------------------------------------------------ the files

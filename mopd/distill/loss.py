@@ -103,13 +103,16 @@ def extrapolated_teacher(teacher_logprobs: torch.Tensor, reference_logprobs: tor
     return torch.log_softmax(mixed, dim=-1)
 
 
+def reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per position, KL(student ‖ teacher) = Σ_v πθ(v)·(log πθ(v) − log πT(v)) over the vocabulary."""
+    return (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1)
+
+
 def full_vocab_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Exact Σ_v πθ(v)·(log πθ(v) − log πT(v)) per position, averaged over masked positions.
+    """The exact `reverse_kl` per position, averaged over masked positions.
 
     Cheap with a small vocabulary; differentiable in the student's logits.
     """
-    student = torch.log_softmax(student_logits.float(), dim=-1)
-    teacher = torch.log_softmax(teacher_logits.float(), dim=-1)
-    kl = (student.exp() * (student - teacher)).sum(-1)
+    kl = reverse_kl(torch.log_softmax(student_logits.float(), dim=-1), torch.log_softmax(teacher_logits.float(), dim=-1))
     mask = mask.to(kl.dtype)
     return (kl * mask).sum() / mask.sum().clamp(min=1)

@@ -19,18 +19,17 @@ sampling temperature, the same seed for all three), and a paired 95% interval of
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from pathlib import Path
-from statistics import fmean, stdev
+from statistics import fmean
 from typing import Any
 
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec, default_effort_specs
 from mopd.recipe import CELLS, DistillSpec, ImportanceSpec, validate
+from mopd.stats import mean_interval
 
 EVAL_TASKS = 32  # held-out tasks scored after a pair run (the recipe's stage scores none by default)
-Z95 = 1.959964  # two-sided 95% quantile of the normal distribution
 
 
 class PairError(ValueError):
@@ -123,10 +122,10 @@ def held_out_source(domain, effort, data_file) -> str:
 # ----------------------------------------------------------------------------- held-out eval
 def held_out_eval(models: dict[str, Path], tasks: list[Task], cells, env_options, efforts, backend, temperature, seed) -> dict:
     """Each model's mean reward on the same tasks and draws, and the paired interval of after − before."""
-    from mopd.bench.run import EngineCache
     from mopd.distill.routing import build_route_table
     from mopd.distill.trainer import envs_for
     from mopd.rollout.engine import CheckpointError
+    from mopd.rollout.engine_cache import EngineCache
 
     envs = envs_for(build_route_table(dict.fromkeys(cells, 1.0), dict.fromkeys(cells, "")), env_options, tasks)
     engines, rewards, out = EngineCache(backend), {}, {"tasks": len(tasks), "samples_per_task": 1, "temperature": temperature}
@@ -156,13 +155,8 @@ def task_rewards(engine, model_dir: Path, tasks, envs, efforts, temperature: flo
 
 
 def paired_interval(after: list[float], before: list[float]) -> dict[str, float | None]:
-    """Mean of the per-task differences ± 1.96 standard errors (normal approximation; none for one task)."""
-    diffs = [a - b for a, b in zip(after, before, strict=True)]
-    mean = fmean(diffs)
-    if len(diffs) < 2:
-        return {"mean": mean, "low": None, "high": None}
-    half = Z95 * stdev(diffs) / math.sqrt(len(diffs))
-    return {"mean": mean, "low": mean - half, "high": mean + half}
+    """Mean of the per-task differences and its 95% t interval over tasks (`mopd.stats`; none for one task)."""
+    return mean_interval([a - b for a, b in zip(after, before, strict=True)])
 
 
 # ----------------------------------------------------------------------------- command line

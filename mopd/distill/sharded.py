@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mopd.distill.scorer import TeacherScores
-from mopd.distill.trainer import Student, collate, length_sorted_micro_batches, orm_advantages, step_metrics
+from mopd.distill.student import Student, collate, length_sorted_micro_batches, orm_advantages, step_metrics
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
 

@@ -6,7 +6,7 @@ the hardest default general instances (6-digit sums, 4-digit × 1-digit products
 need 31–69 thinking tokens for their trace (the same lines at high and max), so it fits the high
 and max budgets and never the low one; at low effort the model must answer without a scratchpad.
 (Which work the expert writes at high is the environment's choice: the general domain leaves
-chains longer than `high_chain_terms` to max.) `python -m mopd.envs.bench --out FILE.json` measures this for every domain.
+chains longer than `high_chain_terms` to max.) `python -m benchmarks.effort_protocol --out FILE.json` measures this for every domain.
 """
 
 from __future__ import annotations

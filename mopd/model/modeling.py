@@ -17,8 +17,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from mopd.model import balancing
 from mopd.model.attnres import BlockResiduals, PseudoQuery, attn_res
+from mopd.model.balancing import max_over_mean
 from mopd.model.cache import K3HybridCache
 from mopd.model.config import K3HybridConfig
 from mopd.model.kda import KimiDeltaAttention
@@ -206,7 +206,7 @@ class K3HybridForCausalLM(K3HybridPreTrainedModel, GenerationMixin):
     def moe_load_stats(self) -> dict[str, float]:
         """Max/mean expert load per MoE layer over the current step (training forwards since the last update)."""
         return {
-            f"moe/layer{i}/max_over_mean": balancing.max_over_mean(router.step_load)
+            f"moe/layer{i}/max_over_mean": max_over_mean(router.step_load)
             for i, router in self.routers().items()
             if router.step_load is not None
         }

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mopd.model import balancing
+from mopd.model.balancing import quantile_bias_update, sign_bias_update
 from mopd.model.config import K3HybridConfig
 
 # Below this many (token, expert) pairs every expert runs on every token, weighted 0 where it was
@@ -100,12 +100,12 @@ class Router(nn.Module):
     def update_bias(self, rate: float, speed: float) -> None:
         """Apply this step's balancing rule to the bias, then start a new step."""
         if self.balance == "quantile" and self.step_scores:
-            new = balancing.quantile_bias_update(
+            new = quantile_bias_update(
                 torch.cat(self.step_scores), self.e_score_correction_bias, self.top_k, rate
             )
             self.e_score_correction_bias.copy_(new)
         elif self.balance == "sign" and self.step_load is not None:
-            new = balancing.sign_bias_update(self.step_load, self.e_score_correction_bias, speed)
+            new = sign_bias_update(self.step_load, self.e_score_correction_bias, speed)
             self.e_score_correction_bias.copy_(new)
         self.step_load, self.step_scores = None, []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mopd.rollout.engine import (
+from mopd.rollout.interface import (
     DEFAULT_SAMPLING,
     Sample,
     Sampling,

@@ -1,0 +1,734 @@
+"""Pair mode against TRL at its best (issue #42 item 5; first issue #33 item 5).
+
+    python -m benchmarks.mopd_vs_trl --student runs/tiny/base --teacher runs/tiny/teachers/general-high \\
+        --out runs/bench/trl.json [--seeds 0,1,2] [--steps 8] [--configs ours,trl_hf,...] [--preset-small]
+
+Rows (`--configs`, default all):
+  ours        our `train_mopd` (what `mopd distill` runs), vLLM, synchronous
+  ours_async  the same one step off (`distill.max_staleness` 1)
+  trl_hf      TRL `DistillationTrainer`, HF `generate`
+  trl_vllm    TRL `DistillationTrainer`, vLLM colocate (our plugin serves the K3 hybrid)
+  gkd         TRL `GKDTrainer` (trl.experimental), HF `generate`, fully on-policy (lmbda 1)
+  trl_async   TRL `AsyncDistillationTrainer` (trl.experimental), the peer of ours_async: it samples from a
+              student `vllm serve` and scores with a teacher one (`--trl-async-servers`), sparse top-k
+              teacher log-probs; TRL loads it with FlashAttention kernels and syncs weights over NCCL
+
+Every trainer distils the same teacher into the same student on the general-high cell: `--prompts-per-step`
+(16) prompts a step, one sample each, at most 162 new tokens (the high effort's limit), reverse KL
+(ours: `full_vocab_kl`; TRL: `beta=1`; trl_async over its sparse support), the recipe's learning rate,
+constant, fp32 on the CPU. Each (row, seed) runs in a fresh process (the held-out KL in another). A run
+that raises is recorded with its exception (`Type: message`) and the benchmark goes on; a row with a
+failed seed holds the first error and no summary, and is left out of the comparisons.
+Two changes to TRL, where its defaults would break the shared inputs or the loss: trl_vllm's colocated
+vLLM engine is built with dtype float32 (TRL passes none, and vLLM's CPU default for a float32 checkpoint
+is bfloat16); gkd's loss is the mean over its generated tokens (HF's Trainer counts `num_items_in_batch`
+from the collated labels, which GKD then replaces with its samples: 0 for prompts, an infinite loss).
+
+Enforced; a run that breaks one is recorded as failed, with the reason:
+- prompts: per seed the parent draws each step's prompts with our trainer's `task_source` (train split)
+  and tokenizes them as our rollouts do. DistillationTrainer and GKD are handed those token ids in that
+  order (their own tokenization is bypassed); trl_async's worker applies the chat template to them
+  itself. Every run records the prompt ids its generation calls received (ours: `run_rollouts`;
+  DistillationTrainer: `_tokenize_prompts`; GKD: its prompt batch; trl_async: each sample's prompt),
+  and their digest (sha256, in order) must equal the parent's.
+- sampling: temperature 1, top_p 1.0, top_k off, set explicitly and read back from each trainer (ours:
+  the arguments of its `run_rollouts` calls; trl_async: its config).
+- dtype: float32, read back from the trained model and the vLLM engine (ours, trl_vllm).
+- steps: the number of steps each run timed.
+- CPU budget: every run's threads are confined (`sched_setaffinity`) to the same `--threads` CPUs.
+  Torch threads per computing thread: `--threads`, except ours_async, whose two computing threads (the
+  trainer and the rollout producer) get max(1, threads // 2) each; set in each thread and read back.
+
+Speed. Each run records its steps' spans (ours: `mopd_step`; TRL: `on_step_begin`..`on_step_end`) and
+its sampled batches' spans with their completion tokens (ours: `run_rollouts`; DistillationTrainer:
+`_generate_and_score_completions`; GKD: `generate_on_policy_outputs`; trl_async: each sample, at the
+time its worker enqueued it). The first step warms up (unless it is the only one); the timed window runs
+from the start of the next step to the end of the last. tokens/s = the completion tokens of the batches
+sampled wholly inside the window over the window's seconds (one step off, the batch a step trains on
+was sampled during the step before, so the warm-up step's prefetch is not counted and the last step
+samples nothing); s/step = the median timed step. Held-out KL after the last step: the mean over tokens
+of KL(student ‖ teacher) over the whole vocabulary, on one completion per prompt that the trained
+student samples (HF, temperature 1, fixed seed) for the same `--eval-tasks` prompts of the cell's test
+split in every row (default 32; `--eval-tasks 0`: none).
+
+Summary: per row, the mean over seeds and its 95% interval (Student t, df = seeds − 1; `mopd.stats`) of
+tokens/s, s/step and held-out KL. The best TRL row has the highest mean tokens/s among the TRL rows that
+ran. `ours_over_trl`: per seed ratios (tokens/s, s/step, KL), then their mean and t interval, for ours ÷
+the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async ÷ trl_async, and ours_async ÷ the best
+TRL row; a comparison whose TRL row did not run holds why.
+
+`--preset-small` is the speed-only comparison at ~27M parameters: the `small` preset randomly
+initialised as the student and a differently seeded copy as the teacher, no held-out KL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import inspect
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import in_fresh_process
+from mopd.artifacts import MetricsLog, write_json_atomic
+from mopd.distill.loss import reverse_kl
+from mopd.envs.effort import default_effort_specs
+from mopd.machine import describe_machine
+from mopd.recipe import DistillSpec
+from mopd.stats import mean_interval
+
+CELL = "general-high"
+PROMPTS_PER_STEP = 16
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+OURS = ("ours", "ours_async")
+SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
+TRL = (*SYNC_TRL, "trl_async")
+CONFIGS = (*OURS, *TRL)
+DEFAULT_SERVERS = "http://localhost:8000,http://localhost:8001"
+# vLLM's CPU worker replaces torch.set_num_threads with a no-op when its engine starts; this is the real one,
+# taken when a run's process imports this module (before any engine).
+SET_NUM_THREADS = torch.set_num_threads
+
+
+# ----------------------------------------------------------------------------- the held-out KL
+def held_out_tasks(n: int, seed: int = 0) -> list:
+    from mopd.envs import get_env
+
+    domain, effort = CELL.split("-")
+    return get_env(domain).sample(n, seed, "test", effort)
+
+
+def held_out_kl(student_dir: Path, teacher_dir: Path, tasks: list, seed: int = 0) -> float:
+    """Token-mean KL(student ‖ teacher) on one completion per task sampled by the student (HF, temperature 1)."""
+    from transformers import AutoTokenizer
+
+    from mopd.distill.routing import build_route_table
+    from mopd.distill.scorer import TeacherScorer
+    from mopd.distill.trainer import envs_for
+    from mopd.rollout.engine import create_engine
+    from mopd.rollout.episodes import run_rollouts
+
+    engine = create_engine(student_dir, backend="hf")
+    try:
+        envs = envs_for(build_route_table({CELL: 1.0}, {CELL: ""}), {}, tasks)
+        groups = run_rollouts(engine, AutoTokenizer.from_pretrained(student_dir), envs, tasks,
+                              default_effort_specs(), n=1, temperature=1.0, seed=seed)  # fmt: skip
+    finally:
+        engine.close()
+    rollouts = [group[0] for group in groups]
+    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+    student = TeacherScorer(student_dir).score(prompts, completions, full=True)
+    teacher = TeacherScorer(teacher_dir).score(prompts, completions, full=True)
+    total = sum(reverse_kl(s.full_logprobs, t.full_logprobs).sum().item() for s, t in zip(student, teacher))
+    return total / sum(len(c) for c in completions)
+
+
+def measure_kl(student: Path, teacher: Path, eval_tasks: int, budget: dict) -> float:
+    pin(budget)
+    return held_out_kl(student, teacher, held_out_tasks(eval_tasks))
+
+
+# ----------------------------------------------------------------------------- the same inputs for every row
+def step_prompts(student: Path, seed: int, steps: int, prompts_per_step: int) -> list[list[dict]]:
+    """Each step's prompts as our trainer draws them (`task_source`, train split), tokenized as our
+    rollouts tokenize them: [step][prompt] → {"text", "ids"}."""
+    from transformers import AutoTokenizer
+
+    from mopd.distill.routing import build_route_table
+    from mopd.distill.trainer import task_source
+    from mopd.envs.chat import render_task_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    spec = DistillSpec(mix={CELL: 1.0}, prompts_per_step=prompts_per_step, teacher_actors=False)
+    source = task_source(build_route_table(spec.mix, {CELL: ""}), spec, seed, {}, None)
+    out = []
+    for step in range(1, steps + 1):
+        texts = [render_task_prompt(task) for task in source(step)]
+        out.append([{"text": t, "ids": tokenizer.encode(t, add_special_tokens=False)} for t in texts])
+    return out
+
+
+def prompts_digest(prompt_ids: list[list[int]]) -> str:
+    """sha256 of a run's prompt token ids, in the order it sampled them."""
+    return hashlib.sha256(json.dumps([list(map(int, ids)) for ids in prompt_ids]).encode()).hexdigest()
+
+
+def thread_budget(config: str, threads: int, cpus: list[int]) -> dict:
+    """The CPUs a run is confined to and the torch threads of each of its computing threads."""
+    if threads > len(cpus):
+        raise ValueError(f"--threads {threads}: this process may use only {len(cpus)} CPUs ({cpus})")
+    computing = 2 if config == "ours_async" else 1  # the trainer and, one step off, the rollout producer
+    return {
+        "cpus": sorted(cpus)[:threads],
+        "torch_threads": max(1, threads // computing),
+        "computing_threads": computing,
+    }
+
+
+def pin(budget: dict) -> None:
+    """Confine every thread of this process (and the threads and processes it starts) to the budget's
+    CPUs, and set this thread's torch threads."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), budget["cpus"])
+    SET_NUM_THREADS(budget["torch_threads"])
+
+
+def affinity() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def check_run(run: dict, steps: int, digest: str, budget: dict) -> str | None:
+    """Why a finished run broke the benchmark's shared inputs, or None."""
+    if len(run["steps"]) != steps:
+        return f"timed {len(run['steps'])} steps, not {steps}"
+    if run["prompts_sha256"] != digest:
+        return "sampled from other prompt token ids than the shared ones (or in another order)"
+    sampling = {k: (0 if k == "top_k" and v in (None, -1) else float(v)) for k, v in run["sampling"].items()}
+    if sampling != SAMPLING:
+        return f"sampled with {run['sampling']}, not {SAMPLING}"
+    dtypes = {name: str(d).removeprefix("torch.") for name, d in run["dtypes"].items()}
+    if set(dtypes.values()) != {"float32"}:
+        return f"dtypes {dtypes}, not float32"
+    if run["cpus"] != budget["cpus"]:
+        return f"ran on CPUs {run['cpus']}, not {budget['cpus']}"
+    if set(run["torch_threads"].values()) != {budget["torch_threads"]}:
+        return f"torch threads {run['torch_threads']}, not {budget['torch_threads']} per computing thread"
+    return None
+
+
+# ----------------------------------------------------------------------------- the runs
+class Recorder:
+    """What a run's trainer did: step spans, sampled batches, prompt ids, sampling, dtypes, threads."""
+
+    def __init__(self):
+        self.steps: list[tuple[float, float]] = []
+        self.batches: list[dict] = []
+        self.prompt_ids: list[list[int]] = []
+        self.sampling: dict = {}
+        self.dtypes: dict[str, str] = {}
+        self.torch_threads: dict[str, int] = {}
+
+    def thread(self) -> None:
+        self.torch_threads[threading.current_thread().name] = torch.get_num_threads()
+
+    def batch(self, start: float, tokens: int, prompt_ids: list[list[int]], end: float | None = None) -> None:
+        self.batches.append(
+            {"start": start, "end": time.perf_counter() if end is None else end, "tokens": int(tokens)}
+        )
+        self.prompt_ids += [list(map(int, ids)) for ids in prompt_ids]
+
+    def result(self, **extra) -> dict:
+        return {
+            "steps": self.steps, "batches": self.batches, "prompts_sha256": prompts_digest(self.prompt_ids),
+            "sampling": self.sampling, "dtypes": self.dtypes, "torch_threads": self.torch_threads,
+            "cpus": affinity(), **extra,
+        }  # fmt: skip
+
+
+def step_clock(recorder: Recorder):
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+            recorder.thread()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            recorder.steps.append((self.start, time.perf_counter()))
+
+    return StepClock()
+
+
+def run_ours(
+    student: Path, teacher: Path, out: Path, seed: int, steps: int, budget: dict, prompts: list, extra: dict
+) -> dict:
+    """Our trainer, observed through wrappers of `mopd.distill.trainer`'s functions (in this process only)."""
+    import mopd.distill.trainer as trainer
+
+    pin(budget)
+    rec = Recorder()
+    mopd_step, run_rollouts, create_engine, load_student = (
+        trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student
+    )  # fmt: skip
+
+    def timed_step(*args, **kwargs):
+        start = time.perf_counter()
+        rec.thread()
+        metrics = mopd_step(*args, **kwargs)
+        rec.steps.append((start, time.perf_counter()))
+        return metrics
+
+    def observed_rollouts(*args, **kwargs):
+        SET_NUM_THREADS(
+            budget["torch_threads"]
+        )  # the producer thread too (its own pool initializer is vLLM's no-op)
+        rec.thread()
+        call = inspect.signature(run_rollouts).bind(*args, **kwargs)
+        call.apply_defaults()
+        rec.sampling = {
+            "temperature": call.arguments["temperature"],
+            "top_p": call.arguments["top_p"],
+            "top_k": 0,
+        }
+        start = time.perf_counter()
+        groups = run_rollouts(*args, **kwargs)
+        rollouts = [r for group in groups for r in group]
+        rec.batch(start, sum(sum(r.loss_mask) for r in rollouts), [r.prompt_ids for r in rollouts])
+        return groups
+
+    def observed_engine(*args, **kwargs):
+        engine = create_engine(*args, **kwargs)
+        llm = getattr(engine, "llm", None)
+        rec.dtypes["vllm"] = str(llm.llm_engine.model_config.dtype) if llm is not None else "not vLLM"
+        return engine
+
+    def observed_student(*args, **kwargs):
+        student_ = load_student(*args, **kwargs)
+        rec.dtypes["trained"] = str(student_.model.dtype)
+        return student_
+
+    trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student = (
+        timed_step, observed_rollouts, observed_engine, observed_student
+    )  # fmt: skip
+    spec = DistillSpec(mix={CELL: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
+                       checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"])  # fmt: skip
+    final = trainer.train_mopd(student, {CELL: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
+                               seed=seed, progress=False)  # fmt: skip
+    records = MetricsLog(out / "metrics.jsonl").records()
+    phases = {
+        p: [r[f"time/{p}"] for r in records]
+        for p in ("sample", "score", "train", "rollout_wait", "weight_sync")
+    }
+    return rec.result(phase_seconds=phases, model=str(final))
+
+
+def trl_common(out: Path, seed: int, steps: int, prompts: list) -> dict:
+    """TrainingArguments shared by the TRL rows: the recipe's optimiser settings, fp32 on the CPU."""
+    recipe = DistillSpec()
+    return dict(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=len(prompts[0]), gradient_accumulation_steps=1,
+        learning_rate=recipe.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=recipe.max_grad_norm, bf16=False, gradient_checkpointing=False, use_cpu=True, seed=seed,
+        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True,
+    )  # fmt: skip
+
+
+def load_pair(student: Path, teacher: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import mopd.model  # noqa: F401  (registers the K3 hybrid)
+    from mopd.envs.chat import END, EOS
+
+    tokenizer = AutoTokenizer.from_pretrained(student, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([END, EOS])  # our rollouts' stops
+    return tokenizer, model, AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+
+
+def run_trl(
+    student: Path, teacher: Path, out: Path, seed: int, steps: int, budget: dict, prompts: list, extra: dict
+) -> dict:
+    """TRL's DistillationTrainer, with HF generate or vLLM colocate (`extra["use_vllm"]`)."""
+    from datasets import Dataset
+    from trl import DistillationConfig, DistillationTrainer
+
+    pin(budget)
+    rec = Recorder()
+    if extra["use_vllm"]:  # TRL passes vLLM no dtype; vLLM's CPU default for a float32 checkpoint is bfloat16
+        import trl.generation.vllm_generation as vllm_generation
+
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype="float32")
+    tokenizer, model, teacher_model = load_pair(student, teacher)
+    ids_of = {p["text"]: p["ids"] for step in prompts for p in step}
+    config = DistillationConfig(
+        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=default_effort_specs()["high"].max_new_tokens,
+        shuffle_dataset=False, use_vllm=extra["use_vllm"], vllm_mode="colocate", **SAMPLING, min_p=None, repetition_penalty=1.0,
+    )  # fmt: skip
+
+    class ObservedTrainer(DistillationTrainer):
+        def _tokenize_prompts(self, texts):
+            self.prompt_ids = [ids_of[t] for t in texts]  # the shared token ids, not TRL's own tokenization
+            return self.prompt_ids, None, {}
+
+        def _generate_and_score_completions(self, inputs):
+            start = time.perf_counter()
+            output = super()._generate_and_score_completions(inputs)
+            rec.batch(start, output["completion_mask"].sum(), self.prompt_ids)
+            return output
+
+    trainer = ObservedTrainer(
+        model=model, teacher_model=teacher_model, args=config, processing_class=tokenizer, callbacks=[step_clock(rec)],
+        train_dataset=Dataset.from_list([{"prompt": p["text"]} for step in prompts for p in step]),
+    )  # fmt: skip
+    sampler = trainer.vllm_generation if extra["use_vllm"] else trainer.generation_config
+    rec.sampling = {k: getattr(sampler, k) for k in SAMPLING}
+    rec.dtypes["trained"] = str(trainer.model.dtype)
+    if extra["use_vllm"]:
+        rec.dtypes["vllm"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
+    trainer.train()
+    trainer.save_model(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    return rec.result(model=str(out / "model"))
+
+
+def run_gkd(
+    student: Path, teacher: Path, out: Path, seed: int, steps: int, budget: dict, prompts: list, extra: dict
+) -> dict:
+    """TRL's GKDTrainer, fully on-policy (lmbda 1), reverse KL (beta 1), HF generate."""
+    from datasets import Dataset
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    pin(budget)
+    rec = Recorder()
+    tokenizer, model, teacher_model = load_pair(student, teacher)
+    config = GKDConfig(
+        **trl_common(out, seed, steps, prompts), lmbda=1.0, beta=1.0, temperature=SAMPLING["temperature"],
+        max_new_tokens=default_effort_specs()["high"].max_new_tokens, train_sampling_strategy="sequential",
+        remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True},
+    )  # fmt: skip
+    pad_id = tokenizer.pad_token_id
+
+    def collate(rows: list[dict]) -> dict:
+        """The shared prompt ids, left-padded (GKD generates from `prompts`; with lmbda 1 the rest is replaced)."""
+        width = max(len(r["ids"]) for r in rows)
+        ids = torch.tensor([[pad_id] * (width - len(r["ids"])) + r["ids"] for r in rows])
+        mask = torch.tensor([[0] * (width - len(r["ids"])) + [1] * len(r["ids"]) for r in rows])
+        return {"prompts": ids, "prompt_attention_mask": mask, "input_ids": ids, "attention_mask": mask,
+                "labels": torch.full_like(ids, -100)}  # fmt: skip
+
+    class ObservedGKD(GKDTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            # the mean over the generated tokens: HF's Trainer counts `num_items_in_batch` from the collated
+            # labels, before GKD replaces them with its samples (prompts only: 0, and the loss divides by it)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
+
+        def generate_on_policy_outputs(self, model, inputs, generation_config):
+            start = time.perf_counter()
+            output = GKDTrainer.generate_on_policy_outputs(model, inputs, generation_config)
+            rows = [
+                ids[m.bool()].tolist() for ids, m in zip(inputs["prompts"], inputs["prompt_attention_mask"])
+            ]
+            rec.batch(start, (output[2] != -100).sum(), rows)
+            return output
+
+    trainer = ObservedGKD(
+        model=model, teacher_model=teacher_model, args=config, processing_class=tokenizer, data_collator=collate,
+        train_dataset=Dataset.from_list([{"ids": p["ids"]} for step in prompts for p in step]), callbacks=[step_clock(rec)],
+    )  # fmt: skip
+    rec.sampling = {k: getattr(trainer.generation_config, k) for k in SAMPLING}
+    rec.dtypes["trained"] = str(trainer.model.dtype)
+    trainer.train()
+    trainer.save_model(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    return rec.result(model=str(out / "model"))
+
+
+def run_trl_async(
+    student: Path, teacher: Path, out: Path, seed: int, steps: int, budget: dict, prompts: list, extra: dict
+) -> dict:
+    """TRL's AsyncDistillationTrainer with its defaults, against the `vllm serve` servers in `extra["servers"]`
+    (student: `VLLM_SERVER_DEV_MODE=1 --weight-transfer-config '{"backend":"nccl"}'`; teacher:
+    `--logprobs-mode processed_logprobs`). One step off like ours_async: max_staleness 1, weights synced every step."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.async_distillation import AsyncDistillationConfig, AsyncDistillationTrainer
+
+    import mopd.model  # noqa: F401  (registers the K3 hybrid)
+
+    pin(budget)
+    rec = Recorder()
+    student_url, teacher_url = extra["servers"]
+    config = AsyncDistillationConfig(
+        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=default_effort_specs()["high"].max_new_tokens,
+        dtype="float32", vllm_server_base_url=student_url, teacher_server_urls={"default": teacher_url},
+        max_staleness=1, weight_sync_steps=1, **SAMPLING,
+    )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(student, padding_side="left")
+    wall_offset = time.time() - time.perf_counter()  # the worker stamps samples with time.time()
+
+    class RecordingQueue:
+        """The trainer's rollout queue, noting each sample as it is handed over."""
+
+        def __init__(self, queue):
+            self.queue = queue
+
+        def get(self, *args, **kwargs):
+            sample = self.queue.get(*args, **kwargs)
+            mask = list(map(int, sample.completion_mask))
+            first = mask.index(1) if 1 in mask else len(mask)
+            end = sample.enqueued_at - wall_offset  # its sampling start is not sent: counted at its end
+            rec.batch(end, sum(mask), [list(sample.input_ids[:first])], end=end)
+            return sample
+
+        def __getattr__(self, name):
+            return getattr(self.queue, name)
+
+    trainer = AsyncDistillationTrainer(
+        model=str(student), args=config, processing_class=tokenizer, callbacks=[step_clock(rec)],
+        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": p["text"]}]} for step in prompts for p in step]),
+    )  # fmt: skip
+    trainer.rollout_queue = RecordingQueue(trainer.rollout_queue)
+    rec.sampling = {k: getattr(config, k) for k in SAMPLING}
+    rec.dtypes["trained"] = str(trainer.model.dtype)
+    trainer.train()
+    trainer.save_model(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    return rec.result(model=str(out / "model"))
+
+
+RUNNERS = {
+    "ours": (run_ours, {"max_staleness": 0}, "our train_mopd, vLLM, synchronous"),
+    "ours_async": (run_ours, {"max_staleness": 1}, "our train_mopd, vLLM, one step off (max_staleness 1)"),
+    "trl_hf": (run_trl, {"use_vllm": False}, "TRL DistillationTrainer, HF generate"),
+    "trl_vllm": (run_trl, {"use_vllm": True}, "TRL DistillationTrainer, vLLM colocate"),
+    "gkd": (run_gkd, {}, "TRL GKDTrainer (lmbda 1, beta 1), HF generate"),
+    "trl_async": (run_trl_async, {}, "TRL AsyncDistillationTrainer (max_staleness 1), vLLM servers"),
+}
+
+
+# ----------------------------------------------------------------------------- summary
+def timed_window(steps: list, batches: list[dict]) -> dict:
+    """Speed over the timed window: from the start of the first step after the warm-up one (of the only
+    step, if there is one) to the end of the last. Its tokens are those of the batches sampled wholly
+    inside it; s/step is the median of its steps."""
+    timed = steps[1:] if len(steps) > 1 else steps
+    start, end = timed[0][0], timed[-1][1]
+    inside = [b for b in batches if b["start"] >= start and b["end"] <= end]
+    tokens = sum(b["tokens"] for b in inside)
+    return {
+        "step_seconds_median": statistics.median(e - s for s, e in timed),
+        "window_seconds": end - start,
+        "window_tokens": tokens,
+        "window_batches": len(inside),
+        "completion_tokens_per_s": tokens / (end - start),
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    """A row over its seeds, or its first failure."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return {"error": f"seed {failed[0]['seed']}: {failed[0]['error']}", "runs": runs}
+    row = {
+        "completion_tokens_per_s": mean_interval([r["speed"]["completion_tokens_per_s"] for r in runs]),
+        "step_seconds": mean_interval([r["speed"]["step_seconds_median"] for r in runs]),
+    }
+    if all("held_out_kl" in r for r in runs):
+        row["held_out_kl"] = mean_interval([r["held_out_kl"] for r in runs])
+    return row | {"runs": runs}
+
+
+def best_row(rows: dict, names) -> str | None:
+    """The row among `names` that ran with the highest mean tokens/s."""
+    ran = [n for n in names if n in rows and "error" not in rows[n]]
+    return max(ran, key=lambda n: rows[n]["completion_tokens_per_s"]["mean"], default=None)
+
+
+def ratios(ours: dict, trl: dict) -> dict:
+    """Per seed ours ÷ TRL (the same seed: the same prompts), then the mean and t interval over seeds."""
+    by_seed = {r["seed"]: r for r in trl["runs"]}
+    pairs = [(r, by_seed[r["seed"]]) for r in ours["runs"]]
+    out = {
+        "completion_tokens_per_s": mean_interval([o["speed"]["completion_tokens_per_s"] / t["speed"]["completion_tokens_per_s"] for o, t in pairs]),
+        "step_seconds": mean_interval([o["speed"]["step_seconds_median"] / t["speed"]["step_seconds_median"] for o, t in pairs]),
+    }  # fmt: skip
+    if all("held_out_kl" in o and "held_out_kl" in t for o, t in pairs):
+        out["held_out_kl"] = mean_interval([o["held_out_kl"] / t["held_out_kl"] for o, t in pairs])
+    return out
+
+
+def comparisons(rows: dict) -> dict:
+    """ours ÷ the best synchronous TRL row, ours_async ÷ trl_async and ÷ the best TRL row (those selected)."""
+    wanted = [("ours", best_row(rows, SYNC_TRL), "best synchronous TRL row"),
+              ("ours_async", "trl_async", "AsyncDistillationTrainer"),
+              ("ours_async", best_row(rows, TRL), "best TRL row")]  # fmt: skip
+    out = {}
+    for ours, trl, label in wanted:
+        if ours not in rows:
+            continue
+        key = f"{ours} / {label}"
+        if trl is None or trl not in rows:
+            out[key] = {"error": f"no {label} ran" if trl is None else f"{trl} was not selected (--configs)"}
+        elif "error" in rows[trl]:
+            out[key] = {"trl": trl, "error": f"{trl} did not run: {rows[trl]['error']}"}
+        elif "error" in rows[ours]:
+            out[key] = {"trl": trl, "error": f"{ours} did not run: {rows[ours]['error']}"}
+        else:
+            out[key] = {"trl": trl, **ratios(rows[ours], rows[trl])}
+    return out
+
+
+# ----------------------------------------------------------------------------- the pair
+def small_pair(student: Path, work: Path) -> tuple[Path, Path]:
+    """The `small` preset, randomly initialised, with the student's tokenizer; a seeded copy as teacher."""
+    from transformers import AutoTokenizer
+
+    from mopd.model import K3HybridForCausalLM, preset_config
+    from tests.fakes import seeded_copy
+
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    torch.manual_seed(0)
+    K3HybridForCausalLM(preset_config("small", vocab_size=len(tokenizer))).save_pretrained(
+        work / "small-student"
+    )
+    tokenizer.save_pretrained(work / "small-student")
+    return work / "small-student", seeded_copy(work / "small-student", work / "small-teacher", seed=1)
+
+
+def one_run(
+    config: str, student: Path, teacher: Path, work: Path, seed: int, args, prompts: list, digest: str
+) -> dict:
+    """One (row, seed) in a fresh process: its record, or the exception or broken input that failed it."""
+    run, options, _ = RUNNERS[config]
+    extra = options | ({"servers": args.trl_async_servers} if config == "trl_async" else {})
+    budget = thread_budget(config, args.threads, args.cpus)
+    try:
+        result = in_fresh_process(
+            run, student, teacher, work / f"{config}-{seed}", seed, args.steps, budget, prompts, extra
+        )
+    except Exception as err:  # the process's exception (or its death), recorded: the other rows go on
+        return {"seed": seed, "error": f"{type(err).__name__}: {err}"}
+    reason = check_run(result, args.steps, digest, budget)
+    if reason is not None:
+        return {"seed": seed, "error": f"broke the shared inputs: {reason}", **result}
+    result["speed"] = timed_window(result["steps"], result["batches"])
+    if not result["speed"]["window_batches"]:
+        return {
+            "seed": seed,
+            "error": "no batch was sampled inside the timed window (one step off: --steps >= 3)",
+            **result,
+        }
+    if args.eval_tasks:
+        try:
+            result["held_out_kl"] = in_fresh_process(
+                measure_kl, Path(result["model"]), teacher, args.eval_tasks, budget
+            )
+        except Exception as err:
+            return {"seed": seed, "error": f"held-out KL: {type(err).__name__}: {err}", **result}
+    return {"seed": seed, **result}
+
+
+def bench(student: Path, teacher: Path, work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    prompts = {seed: step_prompts(student, seed, args.steps, args.prompts_per_step) for seed in args.seeds}
+    digests = {
+        seed: prompts_digest([p["ids"] for step in prompts[seed] for p in step]) for seed in args.seeds
+    }
+    rows = {}
+    for config in args.configs:
+        runs = [
+            one_run(config, student, teacher, work, seed, args, prompts[seed], digests[seed])
+            for seed in args.seeds
+        ]
+        rows[config] = {
+            "trainer": RUNNERS[config][2],
+            "budget": thread_budget(config, args.threads, args.cpus),
+            **summarise(runs),
+        }
+    return rows, digests
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--student",
+        type=Path,
+        required=True,
+        help="student K3 checkpoint (with --preset-small: its tokenizer only)",
+    )
+    parser.add_argument(
+        "--teacher", type=Path, help="teacher checkpoint sharing the tokenizer (not with --preset-small)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated rows to run (default all: {','.join(CONFIGS)})",
+    )
+    parser.add_argument(
+        "--seeds", default="0,1,2", help="comma-separated seeds, one run of each row per seed"
+    )
+    parser.add_argument(
+        "--steps", type=int, help="distillation steps per run (default 8; 3 with --preset-small)"
+    )
+    parser.add_argument(
+        "--prompts-per-step", type=int, default=PROMPTS_PER_STEP, help="prompts (one sample each) a step"
+    )
+    parser.add_argument(
+        "--eval-tasks",
+        type=int,
+        help="held-out test-split prompts the KL is measured on (default 32; 0 with --preset-small)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="CPUs (and torch threads) of every run")
+    parser.add_argument(
+        "--trl-async-servers",
+        default=DEFAULT_SERVERS,
+        help="trl_async's student and teacher `vllm serve` URLs",
+    )
+    parser.add_argument(
+        "--preset-small", action="store_true", help="speed only, ~27M random-init small preset pair"
+    )
+    parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: give comma-separated integers")
+    args.configs = list(dict.fromkeys(c for c in args.configs.split(",") if c))
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown or not args.configs:
+        parser.error(f"--configs {','.join(args.configs) or 'empty'}: rows are {', '.join(CONFIGS)}")
+    args.trl_async_servers = args.trl_async_servers.split(",")
+    if len(args.trl_async_servers) != 2:
+        parser.error("--trl-async-servers: give STUDENT_URL,TEACHER_URL")
+    args.steps = args.steps or (3 if args.preset_small else 8)
+    args.eval_tasks = (0 if args.preset_small else 32) if args.eval_tasks is None else args.eval_tasks
+    if min(args.steps, args.prompts_per_step, args.threads) < 1 or args.eval_tasks < 0:
+        parser.error("--steps, --prompts-per-step and --threads must be positive, --eval-tasks not negative")
+    if args.preset_small and args.eval_tasks:
+        parser.error("--preset-small is speed only: no held-out KL (--eval-tasks 0)")
+    args.cpus = affinity()
+    if args.threads > len(args.cpus):
+        parser.error(f"--threads {args.threads}: only {len(args.cpus)} CPUs are available here ({args.cpus})")
+    if (args.teacher is None) != args.preset_small:
+        parser.error("give --teacher, or --preset-small (which builds its own teacher)")
+    for path in filter(None, [args.student, args.teacher]):
+        if not (path / "config.json").is_file():
+            parser.error(f"{path}: no config.json, not a checkpoint")
+
+    with tempfile.TemporaryDirectory(prefix="mopd-bench-trl-") as tmp:
+        work = args.work or Path(tmp)
+        student, teacher = (
+            small_pair(args.student, work) if args.preset_small else (args.student, args.teacher)
+        )
+        rows, digests = bench(student, teacher, work, args)
+        result = {
+            "benchmark": "pair-mode distillation, ours vs TRL's trainers" + (" (small preset, speed only)" if args.preset_small else ""),
+            "machine": describe_machine() | {"cpus_per_run": args.threads, "cpus": thread_budget("ours", args.threads, args.cpus)["cpus"]},
+            "setup": {"student": str(args.student), "teacher": str(args.teacher), "preset": "small" if args.preset_small else "checkpoint",
+                      "cell": CELL, "prompts_per_step": args.prompts_per_step, "samples_per_prompt": 1,
+                      "max_new_tokens": default_effort_specs()["high"].max_new_tokens, "dtype": "float32", "sampling": SAMPLING,
+                      "steps": args.steps, "seeds": args.seeds, "eval_tasks": args.eval_tasks, "configs": args.configs,
+                      "prompts_sha256": digests, "interval": "95%, Student t, df = seeds - 1"},
+            "rows": rows,
+            "best_trl": {"synchronous": best_row(rows, SYNC_TRL), "any": best_row(rows, TRL)},
+            "ours_over_trl": comparisons(rows),
+        }  # fmt: skip
+    write_json_atomic(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}
+                     | {"rows": {n: {k: v for k, v in r.items() if k != "runs"} for n, r in rows.items()}}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

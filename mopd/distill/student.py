@@ -1,0 +1,220 @@
+"""The student MOPD trains: its model, optimizer and train step, and the batches a step is made of.
+
+    Student.load(dir, spec)            the trained copy (and the frozen reference, where the loss needs one)
+    Student.train_step(rollouts, ...)  one optimizer step on the teachers' per-token scores
+    collate / length_sorted_micro_batches   rollouts → padded tensors, cut by length
+
+`mopd.distill.trainer` drives it step by step; `mopd.distill.sharded` runs the same step under FSDP2.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mopd.base.sft import pack
+from mopd.distill.loss import (
+    extrapolated_teacher,
+    full_vocab_reverse_kl,
+    importance_weights,
+    mopd_loss,
+    token_metrics,
+)
+from mopd.distill.scorer import TeacherScores
+from mopd.recipe import DistillSpec
+from mopd.rollout.episodes import Rollout
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t
+    tokens: torch.Tensor  # [B, T] completion tokens
+    mask: torch.Tensor  # [B, T] 1 on tokens the student generated
+    rollout_logprobs: torch.Tensor  # [B, T]
+    teacher_logprobs: torch.Tensor  # [B, T]
+
+    def to(self, device) -> Batch:
+        return Batch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
+
+
+class Student:
+    """The trained copy of the student: model, tokenizer, optimizer, and the MOPD train step."""
+
+    def __init__(self, model, tokenizer, optimizer, spec: DistillSpec, reference=None):
+        self.model, self.tokenizer, self.optimizer, self.spec, self.reference = model, tokenizer, optimizer, spec, reference
+
+    @classmethod
+    def load(cls, model_dir: Path, spec: DistillSpec, reference_dir: Path, device: str = "cpu") -> Student:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        import mopd.model  # noqa: F401  (registers the K3 hybrid)
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0, fused=True)
+        if (model_dir / "optimizer.pt").is_file():
+            optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True, map_location=device))
+        reference = None
+        if spec.reward_scale != 1.0:  # ExOPD measures the teacher's gain against the initial student
+            reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(device)
+        return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""
+
+    def save(self, path: Path) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def train_step(self, rollouts: list[Rollout], scores: list[TeacherScores], cells: list[str]) -> dict:
+        """One optimizer step over all rollouts, in micro-batches of similar length.
+
+        Each micro-batch's loss is weighted by its share of the step's tokens, so the summed
+        gradients equal those of the whole batch at once (padding every rollout to the longest
+        would cost the most compute where rollouts differ most: a sum next to an agent episode).
+        """
+        spec = self.spec
+        pad_id = self.model.config.pad_token_id or 0
+        full = collate(rollouts, scores, pad_id)  # completion-only tensors, for the metrics
+        orm = orm_advantages(rollouts, cells)
+        total_tokens = full.mask.sum().clamp(min=1)
+        train_logprobs = torch.zeros_like(full.rollout_logprobs)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for rows in length_sorted_micro_batches(rollouts, spec.micro_batch_tokens):
+            batch = collate([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id).to(self.model.device)
+            loss, logprobs = self.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows])
+            share = batch.mask.sum().clamp(min=1) / total_tokens
+            (loss * share).backward()
+            loss_sum += float(loss.detach() * share)
+            train_logprobs[rows, : logprobs.shape[1]] = logprobs.detach().cpu()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
+        self.optimizer.step()
+        moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
+        return {"loss": loss_sum, "grad_norm": float(grad_norm), **step_metrics(rollouts, cells, full, train_logprobs, spec), **moe}
+
+    def micro_batch_loss(self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MOPD loss averaged over the micro-batch's tokens, the trainer's log-probs [B, T])."""
+        spec = self.spec
+        logits = self.completion_logits(self.model, batch)
+        train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+        reference = reference_full = None
+        if self.reference is not None:
+            with torch.no_grad():
+                reference_full = torch.log_softmax(self.completion_logits(self.reference, batch).float(), -1)
+            reference = reference_full.gather(-1, batch.tokens[..., None]).squeeze(-1)
+        loss_args = dict(
+            importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
+            orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
+            reference_logprobs=reference, reward_scale=spec.reward_scale,
+        )  # fmt: skip
+        if not spec.full_vocab_kl:
+            return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
+        # the exact KL replaces the sampled-token estimate (ExOPD: to the extrapolated teacher); the ORM term stays
+        teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
+        if reference_full is not None:
+            teacher_full = extrapolated_teacher(teacher_full, reference_full, spec.reward_scale)
+        outcome_args = loss_args | {"reference_logprobs": None, "reward_scale": 1.0}  # a zero KL advantage
+        outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **outcome_args)
+        return full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss, train_logprobs
+
+    @staticmethod
+    def completion_logits(model, batch: Batch) -> torch.Tensor:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -> Batch:
+    width = max(len(r.prompt_ids) + len(r.token_ids) for r in rollouts)
+    steps = max(len(r.token_ids) for r in rollouts)
+    input_ids = torch.full((len(rollouts), width), pad_id)
+    attention_mask = torch.zeros((len(rollouts), width), dtype=torch.long)
+    positions = torch.zeros((len(rollouts), steps), dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        seq = r.prompt_ids + r.token_ids
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention_mask[i, : len(seq)] = 1
+        positions[i] = (len(r.prompt_ids) - 1 + torch.arange(steps)).clamp(max=width - 1)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        positions=positions,
+        tokens=pad_stack([torch.tensor(r.token_ids) for r in rollouts], steps, dtype=torch.long),
+        mask=pad_stack([torch.tensor(r.loss_mask, dtype=torch.float32) for r in rollouts], steps),
+        rollout_logprobs=pad_stack([torch.tensor(r.logprobs, dtype=torch.float32) for r in rollouts], steps),
+        teacher_logprobs=pad_stack([s.logprobs.float() for s in scores], steps),
+    )
+
+
+def length_sorted_micro_batches(rollouts: list[Rollout], max_tokens: int | None) -> list[list[int]]:
+    """Rollout indices sorted by length, cut into runs whose padded size fits `max_tokens`
+    (None: one batch of all)."""
+    lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
+    if max_tokens is None:
+        return [list(range(len(rollouts)))]
+    order = sorted(range(len(rollouts)), key=lengths.__getitem__)
+    return pack(order, [lengths[i] for i in order], max_tokens)
+
+
+def pad_stack(rows: list[torch.Tensor], length: int, dtype=torch.float32) -> torch.Tensor:
+    out = torch.zeros((len(rows), length, *rows[0].shape[1:]), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def orm_advantages(rollouts: list[Rollout], cells: list[str]) -> torch.Tensor:
+    """Each verifier reward minus the mean reward of its cell in the batch."""
+    by_cell: dict[str, list[float]] = {}
+    for r, cell in zip(rollouts, cells):
+        by_cell.setdefault(cell, []).append(r.reward)
+    return torch.tensor([r.reward - statistics.fmean(by_cell[cell]) for r, cell in zip(rollouts, cells)])
+
+
+# ----------------------------------------------------------------------------- metrics
+def rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    return {
+        "reward": statistics.fmean(r.reward for r in rollouts),
+        "thinking_tokens": statistics.fmean(r.thinking_tokens for r in rollouts),
+        "answer_tokens": statistics.fmean(r.answer_tokens for r in rollouts),
+        "over_budget": statistics.fmean(r.over_budget for r in rollouts),
+        "truncated": statistics.fmean(r.truncated for r in rollouts),
+    }
+
+
+def step_metrics(rollouts, cells, full: Batch, train_logprobs: torch.Tensor, spec: DistillSpec) -> dict[str, float]:
+    """The step's token, rollout and per-cell metrics from the trainer's log-probs of every rollout."""
+    _, out_of_bounds = importance_weights(
+        train_logprobs, full.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
+    )
+    return {
+        **token_metrics(train_logprobs, full.rollout_logprobs, full.teacher_logprobs, full.mask, out_of_bounds),
+        **rollout_metrics(rollouts),
+        **per_cell_metrics(rollouts, cells, train_logprobs, full, spec),
+    }
+
+
+def per_cell_metrics(rollouts, cells, train_logprobs, batch: Batch, spec: DistillSpec) -> dict[str, float]:
+    """`<cell>/<metric>` for every teacher key in the batch."""
+    _, out_of_bounds = importance_weights(
+        train_logprobs, batch.rollout_logprobs, spec.importance.mode, spec.importance.low, spec.importance.high
+    )
+    out: dict[str, float] = {}
+    for cell in sorted(set(cells)):
+        rows = torch.tensor([i for i, c in enumerate(cells) if c == cell], device=train_logprobs.device)
+        tokens = token_metrics(
+            train_logprobs[rows], batch.rollout_logprobs[rows], batch.teacher_logprobs[rows], batch.mask[rows], out_of_bounds[rows]
+        )
+        stats = {**tokens, **rollout_metrics([rollouts[i] for i in rows.tolist()]), "samples": len(rows)}
+        out.update({f"{cell}/{name}": value for name, value in stats.items()})
+    return out
+
+
+# ----------------------------------------------------------------------------- checkpoints

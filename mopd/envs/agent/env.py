@@ -1,0 +1,246 @@
+"""AgentEnv: sampling tasks by split, episodes on a guarded database, snapshots, verification
+against the database the verifier writes itself, and the expert's transcripts."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mopd.envs.agent.database import (
+    ID_TABLES,
+    SCHEMA,
+    StatementBudget,
+    build_database,
+    db_spec,
+    open_guarded,
+    open_plain,
+)
+from mopd.envs.agent.expert import _Session
+from mopd.envs.agent.families import FAMILIES
+from mopd.envs.agent.tools import ToolCallError, _cell, _explain, find_tool_call, parse_number
+from mopd.envs.agent.verify import check_task, database_key, diff_databases, task_identity
+from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking
+from mopd.envs.chat import strip_turn_end
+from mopd.envs.splits import check_split, split_of
+
+SNAPSHOT_MAGIC = b"MOPD-AGENT-1\n"
+
+SYSTEM_PROMPT = """\
+You are a database agent working on a SQLite database with these tables (prices in whole dollars):
+{schema}
+Work in turns. In each turn think inside <think>...</think>, then either call the tool or give your final answer.
+To call the tool, write exactly one SQL statement inside <tool_call>...</tool_call>, for example:
+<tool_call>SELECT price FROM products WHERE name = 'steel bolt'</tool_call>
+The result comes back as an observation: column names and rows with cells separated by " | " (at most {max_rows} rows), "OK, N rows changed" after a write, or "error: ...".
+Only SELECT, INSERT, UPDATE and DELETE on these tables are allowed; every write is saved at once. Leave the ids of new rows to the database.
+A turn without a tool call is your final answer and ends the episode. When asked a question, answer with the number alone. You have at most {max_turns} turns."""
+
+# The same protocol without the schema or the examples, for models that learn the tables from
+# their training transcripts: about a sixth of the tokens, which a tiny model pays on every turn.
+SHORT_SYSTEM_PROMPT = """\
+SQLite shop database (customers, products, orders, inventory). Each turn: <think>...</think>, then one SQL statement in <tool_call>...</tool_call>, or the final answer (a question's answer is the number alone). At most {max_turns} turns."""
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
+
+
+@dataclass
+class Episode:
+    """One conversation with its own database. `turns` hold assistant and observation turns."""
+
+    task: Task
+    conn: sqlite3.Connection
+    budget: StatementBudget
+    turns: list[dict[str, str]] = field(default_factory=list)
+    done: bool = False
+    final_answer: str | None = None
+    error: str | None = None  # a format error that ended the episode
+
+    @property
+    def assistant_turns(self) -> int:
+        return sum(turn["role"] == "assistant" for turn in self.turns)
+
+
+class AgentEnv:
+    domain = "agent"
+
+    def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_lookups: int = 3,
+                 n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 16,
+                 max_rows: int = 50, max_chars: int = 4000, max_statement_steps: int = 20_000_000,
+                 max_statement_seconds: float = 2.0, system_prompt: str = "full"):
+        self.families = tuple(families or FAMILIES)
+        unknown = [name for name in self.families if name not in FAMILIES]
+        if unknown:
+            raise ValueError(f"AgentEnv families: unknown {unknown}; known: {sorted(FAMILIES)}")
+        if not 1 <= max_lookups <= 3:
+            raise ValueError(f"AgentEnv max_lookups={max_lookups}: must be 1, 2 or 3")
+        if system_prompt not in SYSTEM_PROMPTS:
+            raise ValueError(f"AgentEnv system_prompt={system_prompt!r}: must be one of {sorted(SYSTEM_PROMPTS)}")
+        db_spec(0, n_products, n_customers, n_orders)  # validates the sizes early
+        self.system_prompt = SYSTEM_PROMPTS[system_prompt]
+        self.max_lookups = max_lookups
+        self.sizes = {"n_products": n_products, "n_customers": n_customers, "n_orders": n_orders}
+        self.max_turns = max_turns
+        self.max_rows, self.max_chars = max_rows, max_chars
+        self.max_statement_steps, self.max_statement_seconds = max_statement_steps, max_statement_seconds
+
+    # ---- tasks ---------------------------------------------------------------------------------
+
+    def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
+        check_split(split)
+        if effort not in EFFORTS:
+            raise ValueError(f"effort={effort!r}: must be one of {EFFORTS}")
+        tasks, seen = [], set()
+        for index in range(n):
+            for attempt in range(1000):
+                content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"), split)
+                identity = content and task_identity(content)
+                if identity and identity not in seen:
+                    break
+            else:
+                raise RuntimeError(f"could not generate agent task {index} for seed {seed}; loosen the knobs")
+            seen.add(identity)
+            tasks.append(self._task(content, identity, split, effort))
+        return tasks
+
+    def _generate(self, rng: random.Random, split: str) -> dict[str, Any] | None:
+        family = rng.choice(self.families)
+        lookups = rng.randint(1, self.max_lookups)
+        spec = self._database_of_split(rng, split)
+        conn = open_plain(build_database(spec))
+        goal = FAMILIES[family].make(rng, conn, lookups)
+        conn.close()
+        return goal and {"family": family, "goal": goal, "db": spec}
+
+    def _database_of_split(self, rng: random.Random, split: str) -> dict[str, int]:
+        while True:
+            spec = db_spec(rng.randrange(2**31), **self.sizes)
+            if split_of(database_key(spec)) == split:
+                return spec
+
+    def _task(self, content: dict[str, Any], identity: str, split: str, effort: str) -> Task:
+        family = FAMILIES[content["family"]]
+        system = self.system_prompt.format(schema=SCHEMA, max_rows=self.max_rows, max_turns=self.max_turns)
+        meta = {**content, "content_hash": database_key(content["db"]), "max_turns": self.max_turns, "system": system}
+        return Task(id=f"agent-{split}-{identity[:16]}", domain=self.domain, effort=effort,
+                    prompt=family.prompt(content["goal"]), meta=meta)
+
+    # ---- episodes ------------------------------------------------------------------------------
+
+    def reset(self, task: Task) -> Episode:
+        check_task(task)
+        return self._episode(task, build_database(task.meta["db"]))
+
+    def _episode(self, task: Task, data: bytes) -> Episode:
+        conn = open_guarded(data)
+        budget = StatementBudget(conn, self.max_statement_steps, self.max_statement_seconds)
+        return Episode(task=task, conn=conn, budget=budget)
+
+    def step(self, episode: Episode, assistant_text: str) -> tuple[str | None, bool]:
+        """Take one assistant turn; return (observation or None, done)."""
+        if episode.done:
+            raise ValueError(f"episode of task {episode.task.id} is over; reset or restore to continue")
+        episode.turns.append({"role": "assistant", "content": assistant_text})
+        parts = split_thinking(assistant_text)
+        if parts is None:
+            episode.error = f"assistant turn {episode.assistant_turns} has no closed </think> block"
+            episode.done = True
+            return None, True
+        answer = strip_turn_end(parts[1])
+        call = find_tool_call(answer)
+        if call is None:
+            episode.final_answer = answer
+            episode.done = True
+            return None, True
+        observation = self._run_tool(episode, call)
+        episode.turns.append({"role": "observation", "content": observation})
+        episode.done = episode.assistant_turns >= episode.task.meta.get("max_turns", self.max_turns)
+        return observation, episode.done
+
+    def _run_tool(self, episode: Episode, call: str | ToolCallError) -> str:
+        if isinstance(call, ToolCallError):
+            return f"error: {call}"
+        if not call.strip():
+            return "error: the tool call is empty"
+        try:
+            with episode.budget:
+                cursor = episode.conn.execute(call)
+                if cursor.description is None:
+                    return f"OK, {cursor.rowcount} row{'' if cursor.rowcount == 1 else 's'} changed"
+                return self._format_rows(cursor)
+        except sqlite3.Error as error:
+            return f"error: {_explain(error)}"
+        except (OverflowError, ValueError) as error:
+            return f"error: {error}"
+
+    def _format_rows(self, cursor: sqlite3.Cursor) -> str:
+        rows = cursor.fetchmany(self.max_rows + 1)
+        more = len(rows) > self.max_rows
+        lines = [" | ".join(column[0] for column in cursor.description)]
+        lines += [" | ".join(_cell(value) for value in row) for row in rows[: self.max_rows]]
+        lines.append(f"(first {self.max_rows} rows; more not shown)" if more else f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+        text = "\n".join(lines)
+        return text if len(text) <= self.max_chars else text[: self.max_chars] + "\n(output truncated)"
+
+    def snapshot(self, episode: Episode) -> bytes:
+        """The whole episode as bytes: a magic line, a JSON header (task, turns, status), the database."""
+        header = json.dumps({"task": asdict(episode.task), "turns": episode.turns, "done": episode.done,
+                             "final_answer": episode.final_answer, "error": episode.error}).encode()
+        return b"".join((SNAPSHOT_MAGIC, len(header).to_bytes(4, "little"), header, episode.conn.serialize()))
+
+    def restore(self, data: bytes) -> Episode:
+        if not data.startswith(SNAPSHOT_MAGIC):
+            raise ValueError("AgentEnv.restore: these bytes are not an AgentEnv snapshot")
+        start = len(SNAPSHOT_MAGIC) + 4
+        end = start + int.from_bytes(data[len(SNAPSHOT_MAGIC): start], "little")
+        header = json.loads(data[start:end])
+        episode = self._episode(Task(**header.pop("task")), memoryview(data)[end:])
+        for name, value in header.items():
+            setattr(episode, name, value)
+        return episode
+
+    def group(self, task: Task, n: int) -> list[Episode]:
+        """n independent episodes that all start from the same database state (a GRPO group)."""
+        state = self.snapshot(self.reset(task))
+        return [self.restore(state) for _ in range(n)]
+
+    # ---- verification --------------------------------------------------------------------------
+
+    def verify(self, task: Task, attempt: Episode | list[dict[str, str]] | str) -> Verdict:
+        """Grade an episode, a transcript (its assistant turns are replayed) or a single assistant turn."""
+        episode = attempt if isinstance(attempt, Episode) else self.replay(task, attempt)
+        details: dict[str, Any] = {"family": task.meta["family"], "turns": episode.assistant_turns,
+                                   "finished": episode.final_answer is not None}
+        if episode.error:
+            return Verdict(0.0, {**details, "error": episode.error})
+        check_task(task)
+        expected_conn = open_plain(build_database(task.meta["db"]))
+        last_ids = {table: expected_conn.execute(f"SELECT MAX(id) FROM {table}").fetchone()[0] for table in ID_TABLES}
+        expected_answer = FAMILIES[task.meta["family"]].apply(expected_conn, task.meta["goal"])
+        diff = diff_databases(episode.conn.serialize(), expected_conn.serialize(), last_ids)
+        details.update(diff)
+        ok = not diff["missing_rows"] and not diff["unexpected_rows"]
+        if expected_answer is not None:
+            answer = parse_number(episode.final_answer)
+            details.update(answer=answer, expected_answer=expected_answer)
+            ok = ok and answer == expected_answer
+        return Verdict(1.0 if ok else 0.0, details)
+
+    def replay(self, task: Task, transcript: list[dict[str, str]] | str) -> Episode:
+        """Re-run a transcript's assistant turns on a fresh database; its observations are ignored."""
+        if isinstance(transcript, str):
+            transcript = [{"role": "assistant", "content": transcript}]
+        episode = self.reset(task)
+        for turn in transcript:
+            if turn.get("role") == "assistant" and not episode.done:
+                self.step(episode, turn["content"])
+        return episode
+
+    # ---- expert --------------------------------------------------------------------------------
+
+    def solve(self, task: Task) -> list[dict[str, str]]:
+        """The expert's transcript, made by really running its tool calls in an episode."""
+        session = _Session(self, task)
+        FAMILIES[task.meta["family"]].solve(session, task.meta["goal"])
+        return session.episode.turns
