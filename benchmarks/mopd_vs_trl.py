@@ -375,6 +375,11 @@ def run_trl(
     rec.dtypes["trained"] = str(trainer.model.dtype)
     if extra["use_vllm"]:
         rec.dtypes["vllm"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
+    return train_and_save(trainer, tokenizer, out, rec)
+
+
+def train_and_save(trainer, tokenizer, out: Path, rec) -> dict:
+    """Run a TRL trainer's steps, save the student beside its tokenizer, and return the run's record."""
     trainer.train()
     trainer.save_model(out / "model")
     tokenizer.save_pretrained(out / "model")
@@ -427,10 +432,7 @@ def run_gkd(
     )  # fmt: skip
     rec.sampling = {k: getattr(trainer.generation_config, k) for k in SAMPLING}
     rec.dtypes["trained"] = str(trainer.model.dtype)
-    trainer.train()
-    trainer.save_model(out / "model")
-    tokenizer.save_pretrained(out / "model")
-    return rec.result(model=str(out / "model"))
+    return train_and_save(trainer, tokenizer, out, rec)
 
 
 def run_trl_async(
@@ -480,10 +482,7 @@ def run_trl_async(
     trainer.rollout_queue = RecordingQueue(trainer.rollout_queue)
     rec.sampling = {k: getattr(config, k) for k in SAMPLING}
     rec.dtypes["trained"] = str(trainer.model.dtype)
-    trainer.train()
-    trainer.save_model(out / "model")
-    tokenizer.save_pretrained(out / "model")
-    return rec.result(model=str(out / "model"))
+    return train_and_save(trainer, tokenizer, out, rec)
 
 
 RUNNERS = {

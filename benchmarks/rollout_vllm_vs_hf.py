@@ -91,7 +91,8 @@ def worker(spec: str, args: argparse.Namespace) -> dict:
 
 
 def measure_throughput(backend: str, ckpt: str, args: argparse.Namespace) -> dict:
-    from mopd.rollout.engine import Sampling, create_engine
+    from mopd.rollout.engine import create_engine
+    from mopd.rollout.interface import Sampling
 
     max_len = args.prompt_len + args.new_tokens
     start = time.perf_counter()
@@ -116,7 +117,8 @@ def measure_throughput(backend: str, ckpt: str, args: argparse.Namespace) -> dic
 
 
 def measure_memory(backend: str, ckpt: str, args: argparse.Namespace) -> dict:
-    from mopd.rollout.engine import Sampling, create_engine
+    from mopd.rollout.engine import create_engine
+    from mopd.rollout.interface import Sampling
 
     new_tokens = 16
     engine = create_engine(
@@ -138,7 +140,7 @@ def measure_memory(backend: str, ckpt: str, args: argparse.Namespace) -> dict:
 
 
 def engine_config(ckpt: str):
-    from mopd.rollout.engine import load_k3_config
+    from mopd.rollout.interface import load_k3_config
 
     return load_k3_config(ckpt)
 

@@ -26,7 +26,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mopd.envs.sandbox import SandboxUnavailable
     from mopd.model.export import ExportError
     from mopd.pipeline import RunDirError
-    from mopd.rollout.engine import CheckpointError, PromptTooLongError
+    from mopd.rollout.interface import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
             RunDirError, ExportError, PairError, SandboxUnavailable)

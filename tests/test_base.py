@@ -14,7 +14,7 @@ from mopd.envs import get_env
 from mopd.envs.chat import messages_for, render_task_prompt
 from mopd.pipeline import StageContext
 from mopd.recipe import RecipeError, load_recipe
-from mopd.rollout.engine import CheckpointError
+from mopd.rollout.interface import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_SFT = (

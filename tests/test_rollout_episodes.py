@@ -9,8 +9,8 @@ import pytest
 from mopd.envs import get_env
 from mopd.envs.chat import END
 from mopd.envs.effort import default_effort_specs
-from mopd.rollout.engine import Sample
 from mopd.rollout.episodes import run_rollouts
+from mopd.rollout.interface import Sample
 
 
 class ScriptedEngine:

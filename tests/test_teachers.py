@@ -35,7 +35,7 @@ from mopd.rl.grpo import (
     trim_padding,
 )
 from mopd.rl.teachers import is_finished, select_cells, spec_hash, train_teachers
-from mopd.rollout.engine import CheckpointError, Sample
+from mopd.rollout.interface import CheckpointError, Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_SFT = "base.sft={examples: 60, steps: 3, batch_size: 8, mix: {general: 1.0}}"

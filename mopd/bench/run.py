@@ -48,9 +48,9 @@ from mopd.envs.effort import EffortSpec
 from mopd.envs.sandbox import describe_backend
 from mopd.envs.splits import task_keys
 from mopd.recipe import CELLS, Recipe, Resources, validate
-from mopd.rollout.engine import CheckpointError, load_k3_config
 from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout, run_rollouts
+from mopd.rollout.interface import CheckpointError, load_k3_config
 
 console = Console(stderr=True)
 DEFAULT_SUITE = "eval/tiny.yaml"

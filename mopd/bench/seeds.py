@@ -194,7 +194,8 @@ def cell_summary(reports: dict[int, dict], domain: str, effort: str, baselines: 
 def contents_count(reports: dict[int, dict], cells: list[tuple[str, str]]) -> dict[str, Any]:
     """Tasks and distinct contents (the clusters behind the intervals) of some cells."""
     keys = [contents_of(reports, d, e) for d, e in cells]
-    tasks = sum(len(next(iter(reports.values()))["suite"]["seeds"]) * next(iter(reports.values()))["suite"]["n"] for _ in cells)
+    suite = next(iter(reports.values()))["suite"]
+    tasks = len(cells) * len(suite["seeds"]) * suite["n"]
     if any(k is None for k in keys):
         return {"tasks": tasks, "distinct": None}
     return {"tasks": tasks, "distinct": len(set(itertools.chain.from_iterable(keys)))}

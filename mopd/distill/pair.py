@@ -124,8 +124,8 @@ def held_out_eval(models: dict[str, Path], tasks: list[Task], cells, env_options
     """Each model's mean reward on the same tasks and draws, and the paired interval of after − before."""
     from mopd.distill.routing import build_route_table
     from mopd.distill.trainer import envs_for
-    from mopd.rollout.engine import CheckpointError
     from mopd.rollout.engine_cache import EngineCache
+    from mopd.rollout.interface import CheckpointError
 
     envs = envs_for(build_route_table(dict.fromkeys(cells, 1.0), dict.fromkeys(cells, "")), env_options, tasks)
     engines, rewards, out = EngineCache(backend), {}, {"tasks": len(tasks), "samples_per_task": 1, "temperature": temperature}

@@ -9,17 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mopd.rollout.interface import (  # noqa: F401  (the interface, importable from here as before)
-    DEFAULT_SAMPLING,
-    CheckpointError,
-    PromptTooLongError,
-    RolloutEngine,
-    Sample,
-    Sampling,
-    check_prompt_lengths,
-    check_score_inputs,
-    load_k3_config,
-)
+from mopd.rollout.interface import RolloutEngine
 
 
 def create_engine(model_dir: str | Path, backend: str = "vllm", **kwargs) -> RolloutEngine:

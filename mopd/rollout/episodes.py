@@ -18,7 +18,7 @@ from typing import Any
 from mopd.envs.base import THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
 from mopd.envs.chat import END, EOS, OBSERVATION, assistant_header, render_task_prompt
 from mopd.envs.effort import EffortSpec, shape_reward
-from mopd.rollout.engine import RolloutEngine, Sampling
+from mopd.rollout.interface import RolloutEngine, Sampling
 
 
 @dataclass

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from mopd.rollout.engine import DEFAULT_SAMPLING, Sample, Sampling, create_engine
+from mopd.rollout.engine import create_engine
+from mopd.rollout.interface import DEFAULT_SAMPLING, Sample, Sampling
 
 
 class EngineActor:
