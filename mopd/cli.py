@@ -1,4 +1,4 @@
-"""The `mopd` command line: run | teachers | distill | bench | export | validate.
+"""The `mopd` command line: run | sweep | teachers | distill | bench | import | init-student | export | validate.
 
 User mistakes (a bad recipe, a missing checkpoint) print one clear line and exit with status 2;
 tracebacks are kept for real bugs.
@@ -20,6 +20,7 @@ DEGRADED_FLAG_HELP = "without a working bubblewrap, judge code in the weaker rli
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Mistakes in what the user gave us: reported in one line, without a traceback."""
+    from mopd.convert import GGUFImportError, StudentInitError
     from mopd.distill.pair import PairError
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
@@ -29,7 +30,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mopd.rollout.interface import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
-            RunDirError, ExportError, PairError, SandboxUnavailable)
+            RunDirError, ExportError, PairError, SandboxUnavailable, GGUFImportError, StudentInitError)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -104,6 +105,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     check.set_defaults(func=cmd_validate)
 
+    imp = sub.add_parser("import", help="a GGUF file to an HF safetensors checkpoint (tokenizer and chat template kept)")
+    imp.add_argument("gguf", help="the .gguf file")
+    imp.add_argument("out", help="output directory (new or empty)")
+    imp.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                     help="dtype of the saved weights (default float32: what training loads)")  # fmt: skip
+    imp.set_defaults(func=cmd_import)
+
+    init = sub.add_parser("init-student", help="a student sharing a teacher's tokenizer: depth-pruned, or a K3 hybrid")
+    init.add_argument("--from", dest="teacher", required=True, help="the teacher's HF checkpoint")
+    init.add_argument("--out", required=True, help="output directory (new or empty)")
+    init.add_argument("--arch", choices=["same", "k3"], default="same",
+                      help="same: the teacher's architecture, --layers of its layers kept; k3: a K3 hybrid of --preset")  # fmt: skip
+    init.add_argument("--layers", type=int, help="layers of the student (same: required; k3: the preset's by default)")
+    init.add_argument("--preset", default="small", help="K3 preset (--arch k3), at the teacher's hidden size and vocabulary")
+    init.add_argument("--init", default="random", help="K3 weights: random (embeddings copied from the teacher)")
+    init.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation")
+    init.set_defaults(func=cmd_init_student)
+
     export = sub.add_parser("export", help="write a checkpoint in an upstream layout")
     export.add_argument("checkpoint", help="a K3 hybrid HF checkpoint directory")
     export.add_argument("out", help="output directory")
@@ -136,6 +155,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"suite {recipe.bench.suite}")  # fmt: skip
     if sandbox:
         print(f"code will be judged in the {describe_backend(sandbox)}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from mopd.convert import import_gguf
+
+    out = import_gguf(args.gguf, args.out, dtype=args.dtype)
+    print(f"imported {args.gguf} to {out}")
+    return 0
+
+
+def cmd_init_student(args: argparse.Namespace) -> int:
+    from mopd.compute import checkpoint_active_parameters
+    from mopd.convert import init_student
+
+    out = init_student(args.teacher, args.out, arch=args.arch, layers=args.layers, preset=args.preset, init=args.init, seed=args.seed)
+    print(f"student of {args.teacher} written to {out} ({checkpoint_active_parameters(out) / 1e6:.1f}M active parameters)")
     return 0
 
 

@@ -36,10 +36,23 @@ def estimate_flops(
 
 
 def checkpoint_active_parameters(model_dir: str | Path) -> int:
-    """`active_parameters` of an HF checkpoint's config."""
-    from mopd.model import K3HybridConfig, active_parameters
+    """`active_parameters` of an HF checkpoint's config. Any other architecture counts all its
+    parameters but an untied embedding table (exact for dense models; a routed-MoE model of another
+    architecture is over-counted by its inactive experts)."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    return active_parameters(K3HybridConfig.from_pretrained(model_dir))
+    from mopd.model import active_parameters, is_k3, read_model_config
+
+    config = read_model_config(model_dir)
+    if is_k3(config):
+        return active_parameters(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())  # a tied head and table are one tensor
+    if not config.tie_word_embeddings:
+        total -= model.get_input_embeddings().weight.numel()
+    return total
 
 
 def cpu_seconds() -> float:

@@ -3,7 +3,8 @@
     recipe       schema, overrides                          (mopd.recipe.load_recipe)
     teachers     the spec directory, each cell's spec, each spec's `init` checkpoint
     model        the preset and its overrides build a config (when the base is trained)
-    checkpoints  base.checkpoint, distill.student, distill.teachers.*: a directory with a readable config.json
+    checkpoints  base.checkpoint, distill.student, distill.teachers.*: a directory with a config.json of a
+                 causal LM transformers knows (a K3 hybrid or any stock architecture) and its weights
     distill      every cell of the mix has a teacher
     bench        the suite loads as `mopd bench` loads it, its envs build with the recipe's options
 
@@ -12,7 +13,7 @@ Every mistake is one `RecipeError` naming the recipe file and the field:
 
     recipes/x.yaml: field `bench.suite`: eval/does_not_exist.yaml: no such file
 
-No weights are loaded: a checkpoint's config.json is parsed, nothing more.
+No weights are loaded: a checkpoint's config.json is parsed and its weight files listed, nothing more.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import json
 from pathlib import Path
 
 from mopd.recipe import Recipe, RecipeError, TeacherSpec, load_recipe, load_teacher_specs, resolve_path
-
-K3_MODEL_TYPE = "k3_hybrid"  # the student and every model our rollout engine samples
 
 
 def check_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, dict[str, TeacherSpec]]:
@@ -52,7 +51,7 @@ def check_teachers(recipe: Recipe, path: str | Path, recipe_dir: Path) -> dict[s
         raise fail(path, "teachers.spec_dir", str(err)) from None
     for cell, spec in specs.items():
         if spec.init != "base":
-            check_checkpoint(path, f"teachers.{cell}.init", spec.init, resolve_path(spec.init, None), k3=True)
+            check_checkpoint(path, f"teachers.{cell}.init", spec.init, resolve_path(spec.init, None))
     return specs
 
 
@@ -74,15 +73,15 @@ def check_model(recipe: Recipe, path: str | Path) -> None:
 def check_checkpoints(recipe: Recipe, path: str | Path) -> None:
     """Checkpoints the recipe names; paths as the stages open them (relative to the working directory)."""
     if recipe.base.checkpoint is not None:
-        check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint), k3=True)
+        check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint))
     if recipe.distill.student is not None:
-        check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student), k3=True)
+        check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student))
     for cell, teacher in recipe.distill.teachers.items():
-        # a teacher may be any causal LM sharing the student's tokenizer
-        check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher), k3=False)
+        check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher))
 
 
-def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path, k3: bool) -> None:
+def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path) -> None:
+    """Any causal LM transformers can build from its config.json (no weights are read)."""
     if not directory.is_dir():
         raise fail(recipe_path, field, f"{given}: no such checkpoint directory")
     config_file = directory / "config.json"
@@ -94,11 +93,12 @@ def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory:
         raise fail(recipe_path, field, f"{given}: config.json is unreadable ({err})") from None
     if not isinstance(config, dict):
         raise fail(recipe_path, field, f"{given}: config.json is not a JSON object")
-    if k3 and config.get("model_type") != K3_MODEL_TYPE:
-        raise fail(
-            recipe_path, field,
-            f"{given}: config.json has model_type {config.get('model_type')!r}, expected {K3_MODEL_TYPE!r} (a K3 hybrid)",
-        )  # fmt: skip
+    from mopd.model import CheckpointError, read_model_config
+
+    try:
+        read_model_config(directory)
+    except CheckpointError as err:
+        raise fail(recipe_path, field, f"{given}: {err}") from None
 
 
 # ----------------------------------------------------------------------------- distill

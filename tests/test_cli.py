@@ -109,13 +109,17 @@ def test_overrides_may_follow_options(tmp_path):
 
 
 def bad_checkpoints(root: Path) -> dict[str, Path]:
-    """Directories that are not checkpoints: missing, without config.json, with a broken one, not a K3 hybrid."""
+    """Directories that are not checkpoints: missing, without config.json, with a broken one, of an unknown
+    architecture, a llama config without weights."""
     (root / "empty").mkdir()
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{not json")
     (root / "llama").mkdir()
     (root / "llama" / "config.json").write_text('{"model_type": "llama"}')
-    return {"missing": root / "missing", "empty": root / "empty", "broken": root / "broken", "llama": root / "llama"}
+    (root / "alien").mkdir()
+    (root / "alien" / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    return {"missing": root / "missing", "empty": root / "empty", "broken": root / "broken", "llama": root / "llama",
+            "alien": root / "alien"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -126,11 +130,12 @@ def bad_checkpoints(root: Path) -> dict[str, Path]:
         ("base.checkpoint={missing}", "base.checkpoint", "missing: no such checkpoint directory"),
         ("distill.student={empty}", "distill.student", "empty: not a checkpoint (no config.json)"),
         ("distill.teachers.code-max={broken}", "distill.teachers.code-max", "config.json is unreadable"),
-        ("teachers.code-max.init={llama}", "teachers.code-max.init", "model_type 'llama', expected 'k3_hybrid'"),
+        ("teachers.code-max.init={llama}", "teachers.code-max.init", "has a config but no weights"),
+        ("base.checkpoint={alien}", "base.checkpoint", "not a config transformers can read"),
         ("teachers.cells=[code-max]", "distill.mix.general-low", "cell general-low has no teacher"),
         ("model.preset=huge", "model.preset", "unknown model preset 'huge'"),
     ],
-    ids=["suite", "spec-dir", "base", "student", "teacher", "teacher-init", "mix-without-teacher", "preset"],
+    ids=["suite", "spec-dir", "base", "student", "teacher", "teacher-init", "unknown-architecture", "mix-without-teacher", "preset"],
 )
 def test_validate_opens_every_file_the_recipe_names(tmp_path, capsys, override, field, expected):
     override = override.format(**bad_checkpoints(tmp_path))

@@ -14,7 +14,7 @@ PACKAGE = ROOT / "mopd"
 LAYERS = [
     {"artifacts", "machine", "stats"},
     {"model"},
-    {"compute", "vllm_plugin", "envs"},
+    {"compute", "vllm_plugin", "envs", "convert"},
     {"recipe", "cluster"},
     {"rollout"},
     {"base"},

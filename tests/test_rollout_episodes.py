@@ -90,12 +90,14 @@ def test_budgets_and_shaping_follow_the_effort_protocol(tiny_tokenizer):
 
 
 def test_token_counts_come_from_the_sampled_ids(tiny_tokenizer):
-    from mopd.rollout.episodes import count_tokens
+    from mopd.envs.chat import NativeChat, chat_format
 
+    count_tokens = chat_format(tiny_tokenizer).count_tokens
+    assert isinstance(chat_format(tiny_tokenizer), NativeChat)
     think, close, end, digit = tiny_tokenizer.convert_tokens_to_ids(["<think>", "</think>", END, "7"])
-    assert count_tokens([think, digit, digit, close, digit, end], tiny_tokenizer) == (2, 1)
-    assert count_tokens([digit, close, end], tiny_tokenizer) == (1, 0)  # the prompt may open <think>
-    assert count_tokens([think, digit, digit, digit], tiny_tokenizer) == (3, 0)  # never closed: all thinking
+    assert count_tokens([think, digit, digit, close, digit, end]) == (2, 1)
+    assert count_tokens([digit, close, end]) == (1, 0)  # the prompt may open <think>
+    assert count_tokens([think, digit, digit, digit]) == (3, 0)  # never closed: all thinking
 
 
 def test_code_attempts_run_the_examples_between_turns(tiny_tokenizer):

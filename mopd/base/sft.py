@@ -32,7 +32,7 @@ from mopd.envs.chat import render_turns, tokenize_segments
 from mopd.envs.splits import TRAINED_TEXT, split_of, task_keys, trainable, write_trained_on
 from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
-from mopd.rollout.interface import load_k3_config
+from mopd.rollout.interface import read_model_config
 
 console = Console(stderr=True)
 IGNORE = -100
@@ -58,7 +58,7 @@ def base_checkpoint(recipe, run_dir: Path) -> Path:
 
 
 def check_checkpoint(path: Path, field: str) -> None:
-    load_k3_config(path)  # raises CheckpointError naming the directory
+    read_model_config(path)  # any causal LM; raises CheckpointError naming the directory
     if not (path / "tokenizer_config.json").is_file():
         raise ValueError(
             f"{field}: {path} has no tokenizer (tokenizer_config.json); save it beside the model"

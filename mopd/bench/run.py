@@ -50,7 +50,7 @@ from mopd.envs.splits import task_keys
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout, run_rollouts
-from mopd.rollout.interface import CheckpointError, load_k3_config
+from mopd.rollout.interface import CheckpointError, read_model_config
 
 console = Console(stderr=True)
 DEFAULT_SUITE = "eval/tiny.yaml"
@@ -280,7 +280,7 @@ def check_checkpoint(ref: ModelRef) -> None:
     if not ref.path.is_dir():
         raise BenchError(f"{where}: no such checkpoint directory")
     try:
-        load_k3_config(ref.path)
+        read_model_config(ref.path)
         for weights in sorted(ref.path.glob("*.safetensors")):
             with safe_open(weights, "pt") as f:
                 f.keys()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task
+from mopd.envs.base import EFFORTS, THINK_CLOSE, THINK_OPEN, Task, split_thinking
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -165,3 +166,124 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ header }}{%- endif -%}"
 )
+
+
+# ----------------------------------------------------------------------------- the format a model reads
+class ChatFormat:
+    """How one model's conversations are written, in token ids: what the rollout loop needs.
+
+        prompt_ids(task, budget)          the prompt, up to the assistant's first token
+        observation_ids(text, effort)     an environment observation and the next assistant header
+        stop_ids                          the tokens that end an assistant turn
+        count_tokens(ids)                 (thinking, answer) tokens of one sampled turn
+
+    `chat_format(tokenizer)` picks one: `NativeChat` for a tokenizer with our effort tokens (the models
+    the pipeline grows), `TemplateChat` for any other model, through its own chat template.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    stop_ids: list[int]
+
+    def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]: ...
+
+    def observation_ids(self, observation: str, effort: str) -> list[int]: ...
+
+    def count_tokens(self, ids: list[int]) -> tuple[int, int]: ...
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
+    """Our markup where the tokenizer has our effort tokens, else the model's own chat template."""
+    vocab = tokenizer.get_vocab()
+    if all(token in vocab for token in EFFORT_TOKENS.values()):
+        return NativeChat(tokenizer)
+    return TemplateChat(tokenizer)
+
+
+class NativeChat(ChatFormat):
+    """Our markup (`render_prompt`): the effort is a token of the assistant header."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tokenizer = tokenizer
+        self.stop_ids = tokenizer.convert_tokens_to_ids(list(STOP_TOKENS))
+
+    def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]:
+        return self.encode(render_task_prompt(task))
+
+    def observation_ids(self, observation: str, effort: str) -> list[int]:
+        return self.encode(f"{OBSERVATION}{observation}{END}{assistant_header(effort)}")
+
+    def count_tokens(self, ids: list[int]) -> tuple[int, int]:
+        """Counted on the ids themselves: every tag and stop token is one id. A turn that never closes
+        its think block is all thinking: it ran out of budget first."""
+        think_open, think_close = self.tokenizer.convert_tokens_to_ids([THINK_OPEN, THINK_CLOSE])
+        ids = [token for token in ids if token not in self.stop_ids]
+        start = 1 if ids[:1] == [think_open] else 0
+        if think_close not in ids:
+            return len(ids) - start, 0
+        close = ids.index(think_close)
+        return close - start, len(ids) - close - 1
+
+
+# The effort of a model without effort tokens: this system line, and the thinking budget its turn is cut at.
+EFFORT_SYSTEM_LINE = (
+    "Reasoning effort: {effort}. Think inside <think></think> in at most {budget} tokens, "
+    "then write only the answer after </think>."
+)
+ASSISTANT_SENTINEL, OBSERVATION_SENTINEL = "ASSISTANT-TURN-0c5e", "OBSERVATION-TURN-9a1d"
+
+
+class TemplateChat(ChatFormat):
+    """Any model's own chat template (`tokenizer.apply_chat_template`). The effort is a system line
+    (`EFFORT_SYSTEM_LINE`, before the task's own system prompt); the turn ends with the tokenizer's
+    EOS token (`<|im_end|>`, `<|eot_id|>` …); an observation is a `tool` message."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        if not tokenizer.chat_template:
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} has neither mopd's effort tokens nor a chat template: "
+                "give the checkpoint a chat template (tokenizer_config.json or chat_template.jinja)"
+            )
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no EOS token to end an assistant turn")
+        self.tokenizer = tokenizer
+        self.turn_end = tokenizer.eos_token
+        self.stop_ids = [tokenizer.eos_token_id]
+
+    def system_line(self, effort: str, budget: int | None) -> str:
+        return EFFORT_SYSTEM_LINE.format(effort=effort, budget=budget if budget is not None else "a few")
+
+    def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]:
+        system = self.system_line(task.effort, budget)
+        if task.meta.get("system"):
+            system = f"{system}\n\n{task.meta['system']}"
+        text = self.tokenizer.apply_chat_template(messages_for(task.prompt, system=system), add_generation_prompt=True, tokenize=False)
+        return self.encode(text)
+
+    def observation_ids(self, observation: str, effort: str) -> list[int]:
+        return self.encode(self.observation_template.replace(OBSERVATION_SENTINEL, observation))
+
+    @cached_property
+    def observation_template(self) -> str:
+        """What the template writes after an assistant turn's end token: the observation's message and
+        the next assistant header, found by rendering a conversation with marked contents."""
+        turns = [{"role": "assistant", "content": ASSISTANT_SENTINEL}, {"role": "tool", "content": OBSERVATION_SENTINEL}]
+        text = self.tokenizer.apply_chat_template(messages_for("question", turns), add_generation_prompt=True, tokenize=False)
+        end = ASSISTANT_SENTINEL + self.turn_end
+        if end not in text or OBSERVATION_SENTINEL not in text:
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an assistant turn with "
+                f"its EOS token {self.turn_end!r} or drops tool messages; multi-turn episodes cannot be written"
+            )
+        return text[text.index(end) + len(end) :]
+
+    def count_tokens(self, ids: list[int]) -> tuple[int, int]:
+        """Counted on the decoded text (the think tags may be several ids in this vocabulary)."""
+        text = self.tokenizer.decode([token for token in ids if token not in self.stop_ids], skip_special_tokens=True)
+        parts = split_thinking(text)
+        if parts is None:
+            return len(self.encode(text)), 0
+        thinking, answer = parts
+        return len(self.encode(thinking)), len(self.encode(answer))

@@ -2,7 +2,14 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from mopd.model.config import PRESETS, K3HybridConfig, preset_config
+from mopd.model.config import (
+    PRESETS,
+    CheckpointError,
+    K3HybridConfig,
+    is_k3,
+    preset_config,
+    read_model_config,
+)
 from mopd.model.modeling import K3HybridForCausalLM, K3HybridModel, K3HybridPreTrainedModel, active_parameters
 
 AutoConfig.register(K3HybridConfig.model_type, K3HybridConfig, exist_ok=True)
@@ -11,10 +18,13 @@ AutoModelForCausalLM.register(K3HybridConfig, K3HybridForCausalLM, exist_ok=True
 
 __all__ = [
     "PRESETS",
+    "CheckpointError",
     "K3HybridConfig",
     "K3HybridForCausalLM",
     "K3HybridModel",
     "K3HybridPreTrainedModel",
     "active_parameters",
+    "is_k3",
     "preset_config",
+    "read_model_config",
 ]

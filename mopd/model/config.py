@@ -26,7 +26,7 @@ DEFAULT_LINEAR_ATTN = {
 
 
 class CheckpointError(ValueError):
-    """The directory is not a K3 hybrid checkpoint."""
+    """The directory is not a checkpoint we can load (or not a K3 hybrid, where only one will do)."""
 
 
 class MissingCheckpointError(CheckpointError, FileNotFoundError):
@@ -49,6 +49,29 @@ def read_checkpoint_config(model_dir: str | Path) -> dict[str, Any]:
             f"{raw.get('model_type')!r}, expected {K3HybridConfig.model_type!r}"
         )
     return raw
+
+
+def read_model_config(model_dir: str | Path) -> PretrainedConfig:
+    """The config of any causal-LM checkpoint: a K3 hybrid, or an architecture transformers knows
+    (llama, qwen2, mistral …). Errors name the directory; a directory without weights is refused."""
+    from transformers import AutoConfig
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise MissingCheckpointError(f"{path} is not a checkpoint: no config.json")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, OSError, KeyError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: config.json is not a config transformers can read ({first_line})") from None
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise CheckpointError(f"{path} has a config but no weights (*.safetensors)")
+    return config
+
+
+def is_k3(config: PretrainedConfig) -> bool:
+    """K3-only parts (the vLLM plugin's own parameters, quantile balancing, kimi-linear export) check this."""
+    return config.model_type == K3HybridConfig.model_type
 
 
 class K3HybridConfig(PretrainedConfig):

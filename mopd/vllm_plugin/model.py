@@ -81,7 +81,7 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (HF names) into our parameters and buffers; works after start too."""
-        targets = dict(self.named_parameters()) | dict(self.named_buffers())
+        targets = dict(self.named_parameters(remove_duplicate=False)) | dict(self.named_buffers())  # a tied head keeps its name
         loaded = set()
         ignored = [re.compile(p) for p in K3HybridModel._keys_to_ignore_on_load_unexpected]
         for name, tensor in weights:
