@@ -22,6 +22,10 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# SmolLM2-135M-Instruct imported from its GGUF file: the base of recipes/smollm2.yaml
+models/smollm2-135m: $(STAMP)
+	$(BIN)/python scripts/smollm2.py $@
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

@@ -18,6 +18,8 @@ stage of its lineage without both records (a run from before they existed), is "
 unavailable", never a silent 0. On a dev or test suite, an overlap or a stage of the run without its
 records is a `BenchError` before sampling, naming the cells, the model and the stage, unless the user
 allows it (the report is then labelled). Each cell's audit also counts its distinct contents.
+A run whose base is a pretrained checkpoint (`base.checkpoint`) audits what the run trained on it;
+the pretraining itself is not known, and the audit says so (`pretraining_not_audited`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def base_dir(stage_dir: Path) -> Path:
     return Path(pointer["checkpoint"]) if pointer else checkpoint_in(stage_dir)
 
 
+def external_base(path: Path, stages: dict[str, Path]) -> Path | None:
+    """The base checkpoint of the run, where the recipe named a pretrained one instead of building it."""
+    run, _ = run_stage(path)
+    return stages["base"] if read_json(run / "base" / "base.json") else None
+
+
 def checkpoint_in(stage_dir: Path) -> Path:
     model = stage_dir / "model"
     return (
@@ -100,6 +108,12 @@ def audit_cell(path: Path, cell: str, keys: list[str], records: dict[tuple[Path,
     for where, record in itertools.product(stages.values(), RECORDS):
         if (where, record) not in records:
             records[where, record] = read_trained_on(where, record)
+    pretrained = external_base(path, stages)
+    for record in RECORDS:
+        if pretrained is not None and records[pretrained, record] is None:
+            records[pretrained, record] = set()  # what the run trained on this base is audited; its pretraining is not
+    if pretrained is not None:
+        counted["pretraining_not_audited"] = str(pretrained)
     missing = [str(where / record) for where, record in itertools.product(stages.values(), RECORDS) if records[where, record] is None]
     if missing:
         names = [stage for stage, where in stages.items() if any(str(where / r) in missing for r in RECORDS)]
@@ -152,7 +166,8 @@ def audit_text(audit: dict[str, Any] | None) -> str:
     distinct = f", {audit['distinct']} distinct" if "distinct" in audit else ""
     if "unavailable" in audit:
         return f"audit unavailable{distinct}"
-    return f"overlap {audit['overlap']}/{audit['tasks']}{distinct}"
+    pretrained = " (pretraining not audited)" if "pretraining_not_audited" in audit else ""
+    return f"overlap {audit['overlap']}/{audit['tasks']}{distinct}{pretrained}"
 
 
 # ----------------------------------------------------------------------------- training compute

@@ -62,6 +62,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{workers_note(report.get('workers', 1))}. "
         f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
         "",
+        "Models: " + "; ".join(f"{m['name']} = `{m['path']}`" + (f", {m['architecture']}" if m.get("architecture") else "")
+                               for m in report["models"]) + ".",
+        "",
         "Budgets (thinking tokens): "
         + ", ".join(f"{effort} {spec['budget_tokens']}" for effort, spec in report["efforts"].items())
         + ". A sample is correct when the verifier accepts it and its thinking fits its effort's budget; "

@@ -272,6 +272,16 @@ def check_models(refs: list[ModelRef]) -> None:
         check_checkpoint(ref)
 
 
+def model_entry(ref: ModelRef) -> dict:
+    return {**asdict(ref), "path": str(ref.path), "architecture": architecture(ref.path), "compute": training_compute(ref.path)}
+
+
+def architecture(path: Path) -> str:
+    """What a checkpoint is, for the report: its config's model type and the first architecture class."""
+    config = read_model_config(path)
+    return f"{config.model_type} ({(config.architectures or ['?'])[0]})"
+
+
 def check_checkpoint(ref: ModelRef) -> None:
     from safetensors import safe_open
     from transformers import AutoTokenizer
@@ -539,7 +549,7 @@ def build_report(
         "backend": backend,
         "workers": workers,
         "efforts": {effort: spec.model_dump() for effort, spec in budgets.items() if effort in suite.efforts},
-        "models": [{**asdict(ref), "path": str(ref.path), "compute": training_compute(ref.path)} for ref in refs],
+        "models": [model_entry(ref) for ref in refs],
         "results": results,
         "machine": machine(),
     }
