@@ -17,7 +17,10 @@ def run_cli(*args: str) -> int:
     return main(list(args))
 
 
-@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+NEEDS_REAL_MODEL = {"smollm2.yaml"}  # its base is imported first; tests/test_real_model.py validates and runs it
+
+
+@pytest.mark.parametrize("recipe", sorted(p for p in (ROOT / "recipes").glob("*.yaml") if p.name not in NEEDS_REAL_MODEL), ids=lambda p: p.name)
 def test_shipped_recipes_validate(recipe, capsys):
     assert run_cli("validate", str(recipe)) == 0
     assert "9 teacher specs" in capsys.readouterr().out

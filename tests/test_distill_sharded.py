@@ -131,3 +131,30 @@ def test_workers_that_do_not_fit_the_cluster_are_an_error_not_a_hang(dirs, local
     with pytest.raises(RuntimeError, match=r"distill\.trainer_workers: 3 workers of \{'CPU': 1\} each did not fit"):
         ShardedStudent.load(student_dir, spec, reference_dir=student_dir)
     assert all(group["state"] == "REMOVED" for group in ray.util.placement_group_table().values())
+
+
+def test_a_stock_architecture_shards_by_decoder_layer_and_takes_the_one_process_step(tmp_path, tiny_tokenizer, local_ray):
+    """A Llama student (any HF causal LM): FSDP2 units are its decoder layers; no MoE records to share."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "student")
+    tiny_tokenizer.save_pretrained(tmp_path / "student")
+    teacher = seeded_copy(tmp_path / "student", tmp_path / "teacher", seed=1)
+    rollouts, scores, cells = made_up_step(teacher)
+    options = dict(mix=dict.fromkeys(CELLS, 1.0), learning_rate=1e-3, micro_batch_tokens=MICRO_BATCH_TOKENS, importance={"mode": "none"})
+    one = Student.load(tmp_path / "student", DistillSpec(**options), reference_dir=tmp_path / "student")
+    one_metrics = one.train_step(rollouts, scores, cells)
+    sharded = load_student(tmp_path / "student", DistillSpec(trainer_workers=2, **options), tmp_path / "student", "cpu", None)
+    try:
+        metrics = sharded.train_step(rollouts, scores, cells)
+        checkpoint = save_checkpoint(tmp_path / "sharded", 1, sharded)
+    finally:
+        sharded.close()
+    for name in ("loss", "grad_norm", "reverse_kl"):
+        assert metrics[name] == pytest.approx(one_metrics[name], rel=1e-4, abs=1e-6), name
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
+    for name, tensor in one.model.state_dict().items():
+        torch.testing.assert_close(saved[name], tensor, atol=1e-5, rtol=0, msg=name)

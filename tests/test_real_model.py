@@ -50,8 +50,8 @@ def pruned(smol, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def k3_student(smol, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("students") / "k3-tiny"
-    assert main(["init-student", "--from", str(smol), "--out", str(out), "--arch", "k3", "--preset", "tiny"]) == 0
+    out = tmp_path_factory.mktemp("students") / "k3-tiny-4"
+    assert main(["init-student", "--from", str(smol), "--out", str(out), "--arch", "k3", "--preset", "tiny", "--layers", "4"]) == 0
     return out
 
 
@@ -176,3 +176,9 @@ def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, c
     assert (out / "distill" / "model" / "model.safetensors").is_file()
     report = (out / "bench" / "report.md").read_text()
     assert str(smol) in report and "pretraining not audited" in report
+
+
+def test_k3_only_parts_say_so_when_handed_another_model(smol, tmp_path, capsys):
+    assert main(["export", str(smol), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model_type 'llama', expected 'k3_hybrid'" in err[0]

@@ -62,7 +62,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{workers_note(report.get('workers', 1))}. "
         f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
         "",
-        "Models: " + "; ".join(f"{m['name']} = `{m['path']}`" + (f", {m['architecture']}" if m.get("architecture") else "")
+        "Models: " + "; ".join(f"{m['name']} = `{m.get('path', '?')}`" + (f", {m['architecture']}" if m.get("architecture") else "")
                                for m in report["models"]) + ".",
         "",
         "Budgets (thinking tokens): "

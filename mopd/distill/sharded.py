@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from mopd.distill.scorer import TeacherScores
 from mopd.distill.student import Student, collate, length_sorted_micro_batches, orm_advantages, step_metrics
+from mopd.model import is_k3
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
 
@@ -200,12 +201,13 @@ class TrainerWorker:
         grad_norm = clip_full_norm(model, student.spec.max_grad_norm)
         student.optimizer.step()
         share_router_records(model)
-        return {"loss": loss_sum, "grad_norm": grad_norm, "logprobs": logprobs, "moe": model.update_moe_bias()}
+        moe = model.update_moe_bias() if hasattr(model, "update_moe_bias") else {}  # K3: quantile balancing
+        return {"loss": loss_sum, "grad_norm": grad_norm, "logprobs": logprobs, "moe": moe}
 
     def idle_pass(self, rollout: Rollout, scores: TeacherScores) -> None:
         """A forward and backward that adds nothing: zero loss weight, and the routers in eval mode so
         its tokens are not counted as the step's expert load."""
-        routers = self.student.model.routers().values()
+        routers = self.student.model.routers().values() if hasattr(self.student.model, "routers") else []
         batch = collate([rollout], [scores], self.student.model.config.pad_token_id or 0).to(self.device)
         for router in routers:
             router.train(False)
@@ -243,16 +245,30 @@ def shard(model, mesh) -> None:
     norms, AttnRes queries) is the root's. Not the whole layer: it returns nothing (it advances the
     residual state in place), and FSDP gathers a unit's weights again for backward from a hook on its
     output tensors. Gradients are summed over ranks (each rank's loss is already weighted by its
-    share of the step); experts no token of a rank picked still join the reduction, with zero grads."""
-    for layer in model.model.layers:
-        fully_shard(layer.self_attn, mesh=mesh)
-        fully_shard(layer.mlp if layer.mlp is not None else layer.block_sparse_moe, mesh=mesh)
+    share of the step); experts no token of a rank picked still join the reduction, with zero grads.
+    Any other architecture: each decoder layer (its `_no_split_modules` class) is a unit."""
+    if is_k3(model.config):
+        for layer in model.model.layers:
+            fully_shard(layer.self_attn, mesh=mesh)
+            fully_shard(layer.mlp if layer.mlp is not None else layer.block_sparse_moe, mesh=mesh)
+    else:
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for unit in model.modules():  # these two setters act on one unit, not on the units inside it
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM (the divide factor's default op)
     model.set_reduce_scatter_unused_params(True)
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The modules transformers keeps whole across devices (`_no_split_modules`): a stock model's decoder layers."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers to shard (its _no_split_modules is {sorted(names)})")
+    return layers
 
 
 def clip_full_norm(model, max_norm: float) -> float:
@@ -267,8 +283,8 @@ def clip_full_norm(model, max_norm: float) -> float:
 
 def share_router_records(model) -> None:
     """Give every rank's routers the whole step's records (summed load, all tokens' scores), so each
-    rank applies the same balancing update to its replica of the bias."""
-    for router in model.routers().values():
+    rank applies the same balancing update to its replica of the bias. (K3 only: other models have none.)"""
+    for router in (model.routers().values() if hasattr(model, "routers") else []):
         bias = router.e_score_correction_bias
         load = router.step_load if router.step_load is not None else torch.zeros_like(bias)
         dist.all_reduce(load)

@@ -60,6 +60,10 @@ def read_model_config(model_dir: str | Path) -> PretrainedConfig:
     if not (path / "config.json").is_file():
         raise MissingCheckpointError(f"{path} is not a checkpoint: no config.json")
     try:
+        json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {err}") from None
+    try:
         config = AutoConfig.from_pretrained(path)
     except (ValueError, OSError, KeyError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
