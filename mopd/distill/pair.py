@@ -3,8 +3,9 @@
     mopd distill --teacher PATH --student PATH --domain general --effort low --out DIR
     mopd distill --teacher PATH --student PATH --data tasks.jsonl --verifier general/exact --out DIR
 
-The teacher may be any HF causal LM that shares the student's tokenizer; the student is a K3
-hybrid checkpoint (it samples through the rollout engine, vLLM wherever it is installed). Prompts
+Teacher and student may be any HF causal LMs that share a tokenizer (a K3 hybrid or a stock
+architecture: `mopd init-student` makes a student from a teacher); the student samples through the
+rollout engine, vLLM wherever it is installed, and so does the teacher in the held-out eval. Prompts
 come from a domain's environment at one effort (its train split), or from a task file (see
 `mopd.envs.data.load_task_file`). The loss options and their defaults are the recipe's
 `DistillSpec`.
@@ -133,7 +134,7 @@ def held_out_eval(models: dict[str, Path], tasks: list[Task], cells, env_options
         for name, path in models.items():
             try:
                 rewards[name] = task_rewards(engines.load(path), path, tasks, envs, efforts, temperature, seed)
-            except CheckpointError as err:  # a teacher that our engines cannot sample (not a K3 hybrid)
+            except CheckpointError as err:  # a teacher that our engines cannot load (transformers does not know it)
                 out[name] = {"skipped": str(err)}
                 continue
             out[name] = {"reward": fmean(rewards[name])}
@@ -168,7 +169,7 @@ def add_distill_parser(subparsers) -> None:
     recipe = DistillSpec()
     parser = subparsers.add_parser("distill", help="distil one teacher into one student (pair mode)")
     parser.add_argument("--teacher", required=True, help="teacher HF checkpoint (any causal LM with the student's tokenizer)")
-    parser.add_argument("--student", required=True, help="student K3 hybrid checkpoint")
+    parser.add_argument("--student", required=True, help="student HF checkpoint (a K3 hybrid or any causal LM with the teacher's tokenizer)")
     parser.add_argument("--out", required=True, help="output directory (model/, metrics.jsonl, checkpoints/, eval.json)")
     parser.add_argument("--domain", help="sample prompts from this domain's environment...")
     parser.add_argument("--effort", help="...at this effort (low, high, max)")
