@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="same: the teacher's architecture, --layers of its layers kept; k3: a K3 hybrid of --preset")  # fmt: skip
     init.add_argument("--layers", type=int, help="layers of the student (same: required; k3: the preset's by default)")
     init.add_argument("--preset", default="small", help="K3 preset (--arch k3), at the teacher's hidden size and vocabulary")
-    init.add_argument("--init", default="random", help="K3 weights: random (embeddings copied from the teacher)")
+    init.add_argument("--init", default="random", help="K3 weights: random (embeddings copied from the teacher) or convert (made from the teacher's weights)")
     init.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation")
     init.set_defaults(func=cmd_init_student)
 

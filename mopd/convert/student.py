@@ -7,6 +7,9 @@ student's own tokens.
     --arch k3 --preset P --init random       a K3 hybrid of preset P at the teacher's hidden size and
                                              vocabulary, its embeddings (and untied head) copied, the
                                              rest freshly initialised
+    --arch k3 --init convert                 a K3 hybrid at the teacher's widths, converted from it:
+                                             embeddings, norms and MLPs copied, KDA / MLA mixers made
+                                             from its attention projections (`mopd.convert.k3`)
 
 The directory holds the model, the teacher's tokenizer and chat template, its generation config,
 and `init_student.json` saying how it was made.
@@ -115,8 +118,17 @@ def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: in
 
     from mopd.model import K3HybridForCausalLM
 
+    if init == "convert":  # made from the teacher's weights: mopd.convert.k3
+        from mopd.convert.k3 import ConversionError, convert_llama_to_k3, load_teacher
+
+        kept = kept_layers(config.num_hidden_layers, config.num_hidden_layers if layers is None else layers)
+        source, tokenizer = load_teacher(teacher)
+        try:
+            return convert_llama_to_k3(source, kept, preset=preset, tokenizer=tokenizer)
+        except (ConversionError, KeyError) as err:
+            raise StudentInitError(f"--init convert: {err.args[0]}") from None
     if init != "random":
-        raise StudentInitError(f"--init {init!r}: only 'random' is built (a K3 student converted from the teacher's weights is not yet)")
+        raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
     overrides = {
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -139,3 +151,4 @@ def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: in
             student.get_output_embeddings().weight.copy_(source.get_output_embeddings().weight)
     student.generation_config = source.generation_config
     return student, {"preset": preset, "init": init, "layers": student_config.num_hidden_layers, "copied": "embeddings"}
+
