@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--preset", default="small", help="K3 preset (--arch k3), at the teacher's hidden size and vocabulary")
     init.add_argument("--init", default="random", help="K3 weights: random (embeddings copied from the teacher) or convert (made from the teacher's weights)")
     init.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation")
+    init.add_argument("--transfer-steps", type=int, default=0, help="--init convert: steps of attention transfer (mixers trained on the teacher's per-layer attention outputs; 0 = off)")
+    init.add_argument("--transfer-prompts", type=int, help="attention transfer: general-domain train prompts (default 256), each with the teacher's greedy reply")
+    init.add_argument("--transfer-lr", type=float, help="attention transfer: AdamW learning rate (default 1e-3)")
     init.set_defaults(func=cmd_init_student)
 
     export = sub.add_parser("export", help="write a checkpoint in an upstream layout")
@@ -170,7 +173,8 @@ def cmd_init_student(args: argparse.Namespace) -> int:
     from mopd.compute import checkpoint_active_parameters
     from mopd.convert import init_student
 
-    out = init_student(args.teacher, args.out, arch=args.arch, layers=args.layers, preset=args.preset, init=args.init, seed=args.seed)
+    out = init_student(args.teacher, args.out, arch=args.arch, layers=args.layers, preset=args.preset, init=args.init, seed=args.seed,
+                       transfer_steps=args.transfer_steps, transfer_prompts=args.transfer_prompts, transfer_lr=args.transfer_lr)  # fmt: skip
     print(f"student of {args.teacher} written to {out} ({checkpoint_active_parameters(out) / 1e6:.1f}M active parameters)")
     return 0
 

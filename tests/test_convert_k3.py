@@ -147,3 +147,56 @@ def test_vllm_scores_the_converted_checkpoint(converted, monkeypatch):
     want = logprobs[7:-1].gather(-1, torch.tensor(ids[8:])[:, None]).squeeze(-1)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+
+
+# ----------------------------------------------------------------------------- attention transfer
+TRANSFER_STEPS, TRANSFER_PROMPTS = 24, 8
+
+
+@pytest.fixture(scope="module")
+def transferred(teacher, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("k3") / "transferred"
+    argv = ["init-student", "--from", str(teacher[0]), "--out", str(out), "--arch", "k3", "--init", "convert",
+            "--preset", "tiny", "--transfer-steps", str(TRANSFER_STEPS), "--transfer-prompts", str(TRANSFER_PROMPTS),
+            "--transfer-lr", "1e-3"]  # fmt: skip
+    assert main(argv) == 0
+    return out, AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+
+
+def test_attention_transfer_lowers_every_layers_mse_and_is_recorded(transferred):
+    record = json.loads((transferred[0] / "init_student.json").read_text())["attention_transfer"]
+    assert record["steps"] == TRANSFER_STEPS and record["prompts"] == TRANSFER_PROMPTS and record["lr"] == 1e-3
+    assert record["split"] == "train" and record["domain"] == "general" and record["tokens"] > 0
+    before, after = record["mse_before"], record["mse_after"]
+    assert len(before) == len(after) == LAYERS
+    assert all(a < b for a, b in zip(after, before)) and record["reverted_layers"] == [], (before, after)
+    assert sum(after) < 0.7 * sum(before), (before, after)
+
+
+def test_attention_transfer_changes_only_the_mixers(converted, transferred):
+    plain, trained = converted[1].state_dict(), transferred[1].state_dict()
+    assert plain.keys() == trained.keys()
+    mixers = [name for name in plain if ".self_attn." in name]
+    for name, tensor in plain.items():
+        if name not in mixers:  # embeddings, norms, MLPs: the teacher's, byte for byte
+            assert torch.equal(tensor, trained[name]), name
+    changed = {name.split(".self_attn.")[0] for name in mixers if not torch.equal(plain[name], trained[name])}
+    assert changed == {f"model.layers.{i}" for i in range(LAYERS)}  # every layer's mixer trained
+
+
+def test_transfer_steps_0_is_the_plain_conversion(teacher, converted, tmp_path):
+    out = tmp_path / "k3"
+    argv = ["init-student", "--from", str(teacher[0]), "--out", str(out), "--arch", "k3", "--init", "convert",
+            "--preset", "tiny", "--transfer-steps", "0"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads((out / "init_student.json").read_text()) == json.loads((converted[0] / "init_student.json").read_text())
+    assert (out / "model.safetensors").read_bytes() == (converted[0] / "model.safetensors").read_bytes()
+
+
+def test_attention_transfer_needs_a_converted_k3(teacher, tmp_path):
+    from mopd.convert import StudentInitError
+
+    with pytest.raises(StudentInitError, match="--arch k3 --init convert"):
+        init_student(teacher[0], tmp_path / "same", arch="same", layers=2, transfer_steps=5)

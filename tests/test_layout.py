@@ -14,7 +14,8 @@ PACKAGE = ROOT / "mopd"
 LAYERS = [
     {"artifacts", "machine", "stats"},
     {"model"},
-    {"compute", "vllm_plugin", "envs", "convert"},
+    {"compute", "vllm_plugin", "envs"},
+    {"convert"},  # checkpoints made from what users have; attention transfer reads the general train split (envs)
     {"recipe", "cluster"},
     {"rollout"},
     {"base"},

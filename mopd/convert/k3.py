@@ -58,6 +58,9 @@ What cannot be carried over:
 
 Calibration: a fixed English text (built in, no data set), tokenized by the teacher's tokenizer, run
 through the teacher once to measure the RMS statistics above.
+
+Optionally (`--transfer-steps N`) the mixers are then trained to match the teacher's per-layer
+attention outputs: `mopd.convert.attention_transfer` (LoLCATs' first stage).
 """
 
 from __future__ import annotations

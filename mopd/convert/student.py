@@ -10,6 +10,9 @@ student's own tokens.
     --arch k3 --init convert                 a K3 hybrid at the teacher's widths, converted from it:
                                              embeddings, norms and MLPs copied, KDA / MLA mixers made
                                              from its attention projections (`mopd.convert.k3`)
+        [--transfer-steps N]                 then N steps of attention transfer: the mixers trained
+                                             to match the teacher's per-layer attention outputs on
+                                             train-split prompts (`mopd.convert.attention_transfer`)
 
 The directory holds the model, the teacher's tokenizer and chat template, its generation config,
 and `init_student.json` saying how it was made.
@@ -36,8 +39,11 @@ class StudentInitError(ValueError):
 def init_student(
     teacher: str | Path, out_dir: str | Path, arch: str = "same", layers: int | None = None,
     preset: str = "small", init: str = "random", seed: int = 0,
+    transfer_steps: int = 0, transfer_prompts: int | None = None, transfer_lr: float | None = None,
 ) -> Path:  # fmt: skip
-    """Write a student of `teacher` into `out_dir`; returns it."""
+    """Write a student of `teacher` into `out_dir`; returns it. `transfer_steps` > 0 (with `--arch k3
+    --init convert`): that many steps of attention transfer (`mopd.convert.attention_transfer`) on
+    `transfer_prompts` train-split prompts at learning rate `transfer_lr` (None: the stage's defaults)."""
     from transformers import AutoTokenizer
 
     teacher, out = Path(teacher), Path(out_dir)
@@ -47,11 +53,14 @@ def init_student(
         config = read_model_config(teacher)
     except CheckpointError as err:
         raise StudentInitError(f"--from {teacher}: {err}") from None
+    transfer = {"steps": transfer_steps, "prompts": transfer_prompts, "lr": transfer_lr, "seed": seed}
+    if transfer_steps and (arch, init) != ("k3", "convert"):
+        raise StudentInitError("--transfer-steps: attention transfer trains converted mixers; use it with --arch k3 --init convert")
     torch.manual_seed(seed)
     if arch == "same":
         model, made = depth_pruned(teacher, config, layers)
     elif arch == "k3":
-        model, made = k3_from_embeddings(teacher, config, preset, init, layers)
+        model, made = k3_from_embeddings(teacher, config, preset, init, layers, transfer)
     else:
         raise StudentInitError(f"--arch {arch!r}: choose 'same' or 'k3'")
     model.save_pretrained(out)
@@ -113,20 +122,29 @@ def pruned_linear_attn(linear: dict, kept: list[int]) -> dict:
 
 
 # ----------------------------------------------------------------------------- --arch k3
-def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: int | None):
+def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: int | None, transfer: dict | None = None):
     from transformers import AutoModelForCausalLM
 
     from mopd.model import K3HybridForCausalLM
 
     if init == "convert":  # made from the teacher's weights: mopd.convert.k3
+        from mopd.convert.attention_transfer import TransferError, attention_transfer
         from mopd.convert.k3 import ConversionError, convert_llama_to_k3, load_teacher
 
         kept = kept_layers(config.num_hidden_layers, config.num_hidden_layers if layers is None else layers)
         source, tokenizer = load_teacher(teacher)
         try:
-            return convert_llama_to_k3(source, kept, preset=preset, tokenizer=tokenizer)
+            student, made = convert_llama_to_k3(source, kept, preset=preset, tokenizer=tokenizer)
+            if transfer and transfer["steps"]:  # then train the mixers on the teacher's attention outputs
+                options = {k: transfer[k] for k in ("prompts", "lr") if transfer[k] is not None}
+                made["attention_transfer"] = attention_transfer(
+                    source.eval(), student, kept, tokenizer, transfer["steps"], seed=transfer["seed"], log=print, **options
+                )  # fmt: skip
+            return student, made
         except (ConversionError, KeyError) as err:
             raise StudentInitError(f"--init convert: {err.args[0]}") from None
+        except TransferError as err:
+            raise StudentInitError(f"--transfer-steps: {err}") from None
     if init != "random":
         raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
     overrides = {
