@@ -2,6 +2,8 @@
 
     python -m benchmarks.mopd_vs_trl --student runs/tiny/base --teacher runs/tiny/teachers/general-high \\
         --out runs/bench/trl.json [--seeds 0,1,2] [--steps 8] [--configs ours,trl_hf,...] [--preset-small]
+    python -m benchmarks.mopd_vs_trl --student /tmp/bench-students/same-15 --teacher /tmp/smolhf \\
+        --cell general-low --steps 6 --prompts-per-step 8 --eval-tasks 16 --out runs/bench/real_pair.json
 
 Rows (`--configs`, default all):
   ours        our `train_mopd` (what `mopd distill` runs), vLLM, synchronous
@@ -13,12 +15,14 @@ Rows (`--configs`, default all):
               student `vllm serve` and scores with a teacher one (`--trl-async-servers`), sparse top-k
               teacher log-probs; TRL loads it with FlashAttention kernels and syncs weights over NCCL
 
-Every trainer distils the same teacher into the same student on the general-high cell: `--prompts-per-step`
-(16) prompts a step, one sample each, at most 162 new tokens (the high effort's limit), reverse KL
-(ours: `full_vocab_kl`; TRL: `beta=1`; trl_async over its sparse support), the recipe's learning rate,
-constant, fp32 on the CPU. Each (row, seed) runs in a fresh process (the held-out KL in another). A run
-that raises is recorded with its exception (`Type: message`) and the benchmark goes on; a row with a
-failed seed holds the first error and no summary, and is left out of the comparisons.
+Every trainer distils the same teacher into the same student (any HF causal LM pair sharing a tokenizer:
+our K3 models, or a stock model such as SmolLM2 and a student from `mopd init-student`) on one `--cell`
+(default general-high): `--prompts-per-step` (16) prompts a step, one sample each, at most the cell's
+effort's `max_new_tokens` new tokens (high: 162, low: 82), reverse KL (ours: `full_vocab_kl`; TRL:
+`beta=1`; trl_async over its sparse support), the recipe's learning rate, constant, fp32 on the CPU.
+Each (row, seed) runs in a fresh process (the held-out KL in another). A run that raises is recorded with
+its exception (`Type: message`) and the benchmark goes on; a row with a failed seed holds the first
+error and no summary, and is left out of the comparisons.
 Two changes to TRL, where its defaults would break the shared inputs or the loss: trl_vllm's colocated
 vLLM engine is built with dtype float32 (TRL passes none, and vLLM's CPU default for a float32 checkpoint
 is bfloat16); gkd's loss is the mean over its generated tokens (HF's Trainer counts `num_items_in_batch`
@@ -26,13 +30,17 @@ from the collated labels, which GKD then replaces with its samples: 0 for prompt
 
 Enforced; a run that breaks one is recorded as failed, with the reason:
 - prompts: per seed the parent draws each step's prompts with our trainer's `task_source` (train split)
-  and tokenizes them as our rollouts do. DistillationTrainer and GKD are handed those token ids in that
-  order (their own tokenization is bypassed); trl_async's worker applies the chat template to them
-  itself. Every run records the prompt ids its generation calls received (ours: `run_rollouts`;
+  and tokenizes them as our rollouts do (`mopd.envs.chat.chat_format`: our markup for a tokenizer with
+  our effort tokens, else the model's own chat template with the effort as a system line).
+  DistillationTrainer and GKD are handed those token ids in that order (their own tokenization is
+  bypassed); trl_async's worker applies the chat template itself to the same messages (the effort line,
+  the task). Every run records the prompt ids its generation calls received (ours: `run_rollouts`;
   DistillationTrainer: `_tokenize_prompts`; GKD: its prompt batch; trl_async: each sample's prompt),
   and their digest (sha256, in order) must equal the parent's.
 - sampling: temperature 1, top_p 1.0, top_k off, set explicitly and read back from each trainer (ours:
   the arguments of its `run_rollouts` calls; trl_async: its config).
+- stop tokens: the chat format's (`<|end|>`/`<|eos|>`, or the tokenizer's EOS such as `<|im_end|>`), given
+  to TRL as the student's `generation_config.eos_token_id`, read back (ours: its engine's `generate` calls).
 - dtype: float32, read back from the trained model and the vLLM engine (ours, trl_vllm).
 - steps: the number of steps each run timed.
 - CPU budget: every run's threads are confined (`sched_setaffinity`) to the same `--threads` CPUs.
@@ -49,13 +57,16 @@ was sampled during the step before, so the warm-up step's prefetch is not counte
 samples nothing); s/step = the median timed step. Held-out KL after the last step: the mean over tokens
 of KL(student ‖ teacher) over the whole vocabulary, on one completion per prompt that the trained
 student samples (HF, temperature 1, fixed seed) for the same `--eval-tasks` prompts of the cell's test
-split in every row (default 32; `--eval-tasks 0`: none).
+split in every row (default 32; `--eval-tasks 0`: none). Greedy agreement after the last step: over
+the tokens of the teacher's greedy completions of those test prompts (HF, computed once per benchmark),
+the fraction of positions where the trained student's argmax next token equals the teacher's.
+Both are measured once more on the untrained student (`untrained_student`): where every row starts.
 
 Summary: per row, the mean over seeds and its 95% interval (Student t, df = seeds − 1; `mopd.stats`) of
-tokens/s, s/step and held-out KL. The best TRL row has the highest mean tokens/s among the TRL rows that
-ran. `ours_over_trl`: per seed ratios (tokens/s, s/step, KL), then their mean and t interval, for ours ÷
-the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async ÷ trl_async, and ours_async ÷ the best
-TRL row; a comparison whose TRL row did not run holds why.
+tokens/s, s/step, held-out KL and greedy agreement. The best TRL row has the highest mean tokens/s
+among the TRL rows that ran. `ours_over_trl`: per seed ratios (tokens/s, s/step, KL, agreement), then
+their mean and t interval, for ours ÷ the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async ÷
+trl_async, and ours_async ÷ the best TRL row; a comparison whose TRL row did not run holds why.
 
 `--preset-small` is the speed-only comparison at ~27M parameters: the `small` preset randomly
 initialised as the student and a differently seeded copy as the teacher, no held-out KL.
@@ -81,80 +92,147 @@ import torch
 from benchmarks.common import in_fresh_process
 from mopd.artifacts import MetricsLog, write_json_atomic
 from mopd.distill.loss import reverse_kl
+from mopd.envs.base import DOMAINS
 from mopd.envs.effort import default_effort_specs
 from mopd.machine import describe_machine
 from mopd.recipe import DistillSpec
 from mopd.stats import mean_interval
 
-CELL = "general-high"
+DEFAULT_CELL = "general-high"
 PROMPTS_PER_STEP = 16
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 OURS = ("ours", "ours_async")
 SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
 TRL = (*SYNC_TRL, "trl_async")
 CONFIGS = (*OURS, *TRL)
+HELD_OUT = ("held_out_kl", "greedy_agreement")  # measured after the last step, per run
 DEFAULT_SERVERS = "http://localhost:8000,http://localhost:8001"
 # vLLM's CPU worker replaces torch.set_num_threads with a no-op when its engine starts; this is the real one,
 # taken when a run's process imports this module (before any engine).
 SET_NUM_THREADS = torch.set_num_threads
 
 
-# ----------------------------------------------------------------------------- the held-out KL
-def held_out_tasks(n: int, seed: int = 0) -> list:
+# ----------------------------------------------------------------------------- the held-out KL and agreement
+def max_new_tokens(cell: str) -> int:
+    """A turn's token limit at the cell's effort (what our rollouts sample with)."""
+    return default_effort_specs()[cell.split("-")[1]].max_new_tokens
+
+
+def held_out_tasks(n: int, seed: int = 0, cell: str = DEFAULT_CELL) -> list:
+    """`n` tasks of the cell's test split, drawn with `seed` (never the train split the runs draw from)."""
     from mopd.envs import get_env
 
-    domain, effort = CELL.split("-")
+    domain, effort = cell.split("-")
     return get_env(domain).sample(n, seed, "test", effort)
 
 
-def held_out_kl(student_dir: Path, teacher_dir: Path, tasks: list, seed: int = 0) -> float:
-    """Token-mean KL(student ‖ teacher) on one completion per task sampled by the student (HF, temperature 1)."""
+def held_out_rollouts(model_dir: Path, tasks: list, cell: str, temperature: float, seed: int = 0) -> tuple[list, list]:
+    """(prompt ids, completion ids): one completion per task from `model_dir` (HF), in its chat format."""
     from transformers import AutoTokenizer
 
     from mopd.distill.routing import build_route_table
-    from mopd.distill.scorer import TeacherScorer
     from mopd.distill.trainer import envs_for
     from mopd.rollout.engine import create_engine
     from mopd.rollout.episodes import run_rollouts
 
-    engine = create_engine(student_dir, backend="hf")
+    engine = create_engine(model_dir, backend="hf")
     try:
-        envs = envs_for(build_route_table({CELL: 1.0}, {CELL: ""}), {}, tasks)
-        groups = run_rollouts(engine, AutoTokenizer.from_pretrained(student_dir), envs, tasks,
-                              default_effort_specs(), n=1, temperature=1.0, seed=seed)  # fmt: skip
+        envs = envs_for(build_route_table({cell: 1.0}, {cell: ""}), {}, tasks)
+        groups = run_rollouts(engine, AutoTokenizer.from_pretrained(model_dir), envs, tasks,
+                              default_effort_specs(), n=1, temperature=temperature, seed=seed)  # fmt: skip
     finally:
         engine.close()
     rollouts = [group[0] for group in groups]
-    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+    return [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+
+
+def teacher_greedy(teacher: Path, cell: str, eval_tasks: int, budget: dict) -> dict:
+    """The reference of the greedy agreement: the teacher's greedy completion of each held-out task."""
+    pin(budget)
+    prompts, completions = held_out_rollouts(teacher, held_out_tasks(eval_tasks, cell=cell), cell, temperature=0.0)
+    return {"prompts": prompts, "completions": completions}
+
+
+def held_out_kl(student_dir: Path, teacher_dir: Path, tasks: list, seed: int = 0, cell: str = DEFAULT_CELL) -> float:
+    """Token-mean KL(student ‖ teacher) on one completion per task sampled by the student (HF, temperature 1)."""
+    from mopd.distill.scorer import TeacherScorer
+
+    prompts, completions = held_out_rollouts(student_dir, tasks, cell, temperature=1.0, seed=seed)
     student = TeacherScorer(student_dir).score(prompts, completions, full=True)
     teacher = TeacherScorer(teacher_dir).score(prompts, completions, full=True)
     total = sum(reverse_kl(s.full_logprobs, t.full_logprobs).sum().item() for s, t in zip(student, teacher))
     return total / sum(len(c) for c in completions)
 
 
-def measure_kl(student: Path, teacher: Path, eval_tasks: int, budget: dict) -> float:
+def greedy_agreement(student_dir: Path, teacher_dir: Path, reference: dict) -> float:
+    """The share of the reference's completion tokens (the teacher's greedy completions) at which the
+    student's greedy next token (argmax, teacher forcing) is the teacher's."""
+    from mopd.distill.scorer import TeacherScorer
+
+    prompts, completions = reference["prompts"], reference["completions"]
+    student = TeacherScorer(student_dir).score(prompts, completions, top_k=1)
+    teacher = TeacherScorer(teacher_dir).score(prompts, completions, top_k=1)
+    same = sum((s.topk_ids[:, 0] == t.topk_ids[:, 0]).sum().item() for s, t in zip(student, teacher))
+    return same / sum(len(c) for c in completions)
+
+
+def measure_eval(student: Path, teacher: Path, cell: str, eval_tasks: int, budget: dict, reference: dict) -> dict:
+    """The trained student's held-out KL and greedy agreement with the teacher."""
     pin(budget)
-    return held_out_kl(student, teacher, held_out_tasks(eval_tasks))
+    return {
+        "held_out_kl": held_out_kl(student, teacher, held_out_tasks(eval_tasks, cell=cell), cell=cell),
+        "greedy_agreement": greedy_agreement(student, teacher, reference),
+    }
 
 
 # ----------------------------------------------------------------------------- the same inputs for every row
-def step_prompts(student: Path, seed: int, steps: int, prompts_per_step: int) -> list[list[dict]]:
+def step_prompts(student: Path, seed: int, steps: int, prompts_per_step: int, cell: str = DEFAULT_CELL) -> list[list[dict]]:
     """Each step's prompts as our trainer draws them (`task_source`, train split), tokenized as our
-    rollouts tokenize them: [step][prompt] → {"text", "ids"}."""
+    rollouts tokenize them (`chat_format`): [step][prompt] → {"text", "ids", "messages"}."""
     from transformers import AutoTokenizer
 
     from mopd.distill.routing import build_route_table
     from mopd.distill.trainer import task_source
-    from mopd.envs.chat import render_task_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(student)
-    spec = DistillSpec(mix={CELL: 1.0}, prompts_per_step=prompts_per_step, teacher_actors=False)
-    source = task_source(build_route_table(spec.mix, {CELL: ""}), spec, seed, {}, None)
-    out = []
-    for step in range(1, steps + 1):
-        texts = [render_task_prompt(task) for task in source(step)]
-        out.append([{"text": t, "ids": tokenizer.encode(t, add_special_tokens=False)} for t in texts])
-    return out
+    spec = DistillSpec(mix={cell: 1.0}, prompts_per_step=prompts_per_step, teacher_actors=False)
+    source = task_source(build_route_table(spec.mix, {cell: ""}), spec, seed, {}, None)
+    return [[shared_prompt(tokenizer, task) for task in source(step)] for step in range(1, steps + 1)]
+
+
+def shared_prompt(tokenizer, task) -> dict:
+    """A task's prompt ids as `run_rollouts` writes them; their text (the TRL datasets' key, decoded from
+    the ids); the chat messages trl_async's worker renders with the tokenizer's template."""
+    from mopd.envs.chat import TemplateChat, chat_format, messages_for
+
+    chat = chat_format(tokenizer)
+    ids = chat.prompt_ids(task, default_effort_specs()[task.effort].budget_tokens)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    if isinstance(chat, TemplateChat):  # TemplateChat.prompt_ids' messages: the effort line, then any system prompt
+        system = chat.system_line(task.effort, default_effort_specs()[task.effort].budget_tokens)
+        system = f"{system}\n\n{task.meta['system']}" if task.meta.get("system") else system
+        messages = messages_for(task.prompt, system=system)
+    else:
+        messages = [{"role": "user", "content": text}]
+    return {"text": text, "ids": ids, "messages": messages}
+
+
+def chat_format_name(student: Path) -> str:
+    """`NativeChat` (our markup) or `TemplateChat` (the model's own chat template)."""
+    from transformers import AutoTokenizer
+
+    from mopd.envs.chat import chat_format
+
+    return type(chat_format(AutoTokenizer.from_pretrained(student))).__name__
+
+
+def stop_ids_of(student: Path) -> list[int]:
+    """The tokens that end a turn in the student's chat format (every row must stop on exactly these)."""
+    from transformers import AutoTokenizer
+
+    from mopd.envs.chat import chat_format
+
+    return sorted(chat_format(AutoTokenizer.from_pretrained(student)).stop_ids)
 
 
 def prompts_digest(prompt_ids: list[list[int]]) -> str:
@@ -187,8 +265,8 @@ def affinity() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def check_run(run: dict, steps: int, digest: str, budget: dict) -> str | None:
-    """Why a finished run broke the benchmark's shared inputs, or None."""
+def check_run(run: dict, steps: int, digest: str, budget: dict, stop_ids: list[int] | None = None) -> str | None:
+    """Why a finished run broke the benchmark's shared inputs (with `stop_ids`: its stop tokens too), or None."""
     if len(run["steps"]) != steps:
         return f"timed {len(run['steps'])} steps, not {steps}"
     if run["prompts_sha256"] != digest:
@@ -199,6 +277,8 @@ def check_run(run: dict, steps: int, digest: str, budget: dict) -> str | None:
     dtypes = {name: str(d).removeprefix("torch.") for name, d in run["dtypes"].items()}
     if set(dtypes.values()) != {"float32"}:
         return f"dtypes {dtypes}, not float32"
+    if stop_ids is not None and sorted(set(run.get("stop_ids") or [])) != sorted(stop_ids):
+        return f"stopped on tokens {run.get('stop_ids')}, not {stop_ids}"
     if run["cpus"] != budget["cpus"]:
         return f"ran on CPUs {run['cpus']}, not {budget['cpus']}"
     if set(run["torch_threads"].values()) != {budget["torch_threads"]}:
@@ -217,6 +297,7 @@ class Recorder:
         self.sampling: dict = {}
         self.dtypes: dict[str, str] = {}
         self.torch_threads: dict[str, int] = {}
+        self.stop_ids: list[int] = []
 
     def thread(self) -> None:
         self.torch_threads[threading.current_thread().name] = torch.get_num_threads()
@@ -231,7 +312,7 @@ class Recorder:
         return {
             "steps": self.steps, "batches": self.batches, "prompts_sha256": prompts_digest(self.prompt_ids),
             "sampling": self.sampling, "dtypes": self.dtypes, "torch_threads": self.torch_threads,
-            "cpus": affinity(), **extra,
+            "stop_ids": sorted(set(map(int, self.stop_ids))), "cpus": affinity(), **extra,
         }  # fmt: skip
 
 
@@ -290,6 +371,13 @@ def run_ours(
         engine = create_engine(*args, **kwargs)
         llm = getattr(engine, "llm", None)
         rec.dtypes["vllm"] = str(llm.llm_engine.model_config.dtype) if llm is not None else "not vLLM"
+        generate = engine.generate
+
+        def observed_generate(*args, **kwargs):
+            rec.stop_ids = list(inspect.signature(generate).bind(*args, **kwargs).arguments["sampling"].stop_token_ids)
+            return generate(*args, **kwargs)
+
+        engine.generate = observed_generate
         return engine
 
     def observed_student(*args, **kwargs):
@@ -300,9 +388,10 @@ def run_ours(
     trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student = (
         timed_step, observed_rollouts, observed_engine, observed_student
     )  # fmt: skip
-    spec = DistillSpec(mix={CELL: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
+    cell = extra["cell"]
+    spec = DistillSpec(mix={cell: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
                        checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"])  # fmt: skip
-    final = trainer.train_mopd(student, {CELL: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
+    final = trainer.train_mopd(student, {cell: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
                                seed=seed, progress=False)  # fmt: skip
     records = MetricsLog(out / "metrics.jsonl").records()
     phases = {
@@ -327,11 +416,11 @@ def load_pair(student: Path, teacher: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import mopd.model  # noqa: F401  (registers the K3 hybrid)
-    from mopd.envs.chat import END, EOS
+    from mopd.envs.chat import chat_format
 
     tokenizer = AutoTokenizer.from_pretrained(student, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([END, EOS])  # our rollouts' stops
+    model.generation_config.eos_token_id = chat_format(tokenizer).stop_ids  # our rollouts' stops
     return tokenizer, model, AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
 
 
@@ -351,7 +440,7 @@ def run_trl(
     tokenizer, model, teacher_model = load_pair(student, teacher)
     ids_of = {p["text"]: p["ids"] for step in prompts for p in step}
     config = DistillationConfig(
-        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=default_effort_specs()["high"].max_new_tokens,
+        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
         shuffle_dataset=False, use_vllm=extra["use_vllm"], vllm_mode="colocate", **SAMPLING, min_p=None, repetition_penalty=1.0,
     )  # fmt: skip
 
@@ -372,6 +461,7 @@ def run_trl(
     )  # fmt: skip
     sampler = trainer.vllm_generation if extra["use_vllm"] else trainer.generation_config
     rec.sampling = {k: getattr(sampler, k) for k in SAMPLING}
+    rec.stop_ids = trainer.eos_token_ids  # HF generate's eos_token_id and the completion mask (vLLM: the mask)
     rec.dtypes["trained"] = str(trainer.model.dtype)
     if extra["use_vllm"]:
         rec.dtypes["vllm"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
@@ -398,7 +488,7 @@ def run_gkd(
     tokenizer, model, teacher_model = load_pair(student, teacher)
     config = GKDConfig(
         **trl_common(out, seed, steps, prompts), lmbda=1.0, beta=1.0, temperature=SAMPLING["temperature"],
-        max_new_tokens=default_effort_specs()["high"].max_new_tokens, train_sampling_strategy="sequential",
+        max_new_tokens=max_new_tokens(extra["cell"]), train_sampling_strategy="sequential",
         remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True},
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
@@ -431,6 +521,8 @@ def run_gkd(
         train_dataset=Dataset.from_list([{"ids": p["ids"]} for step in prompts for p in step]), callbacks=[step_clock(rec)],
     )  # fmt: skip
     rec.sampling = {k: getattr(trainer.generation_config, k) for k in SAMPLING}
+    eos = trainer.generation_config.eos_token_id
+    rec.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
     rec.dtypes["trained"] = str(trainer.model.dtype)
     return train_and_save(trainer, tokenizer, out, rec)
 
@@ -451,7 +543,7 @@ def run_trl_async(
     rec = Recorder()
     student_url, teacher_url = extra["servers"]
     config = AsyncDistillationConfig(
-        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=default_effort_specs()["high"].max_new_tokens,
+        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
         dtype="float32", vllm_server_base_url=student_url, teacher_server_urls={"default": teacher_url},
         max_staleness=1, weight_sync_steps=1, **SAMPLING,
     )  # fmt: skip
@@ -477,10 +569,11 @@ def run_trl_async(
 
     trainer = AsyncDistillationTrainer(
         model=str(student), args=config, processing_class=tokenizer, callbacks=[step_clock(rec)],
-        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": p["text"]}]} for step in prompts for p in step]),
+        train_dataset=Dataset.from_list([{"prompt": p["messages"]} for step in prompts for p in step]),
     )  # fmt: skip
     trainer.rollout_queue = RecordingQueue(trainer.rollout_queue)
     rec.sampling = {k: getattr(config, k) for k in SAMPLING}
+    rec.stop_ids = trainer.eos_token_ids
     rec.dtypes["trained"] = str(trainer.model.dtype)
     return train_and_save(trainer, tokenizer, out, rec)
 
@@ -522,8 +615,9 @@ def summarise(runs: list[dict]) -> dict:
         "completion_tokens_per_s": mean_interval([r["speed"]["completion_tokens_per_s"] for r in runs]),
         "step_seconds": mean_interval([r["speed"]["step_seconds_median"] for r in runs]),
     }
-    if all("held_out_kl" in r for r in runs):
-        row["held_out_kl"] = mean_interval([r["held_out_kl"] for r in runs])
+    for key in HELD_OUT:
+        if all(key in r for r in runs):
+            row[key] = mean_interval([r[key] for r in runs])
     return row | {"runs": runs}
 
 
@@ -541,8 +635,9 @@ def ratios(ours: dict, trl: dict) -> dict:
         "completion_tokens_per_s": mean_interval([o["speed"]["completion_tokens_per_s"] / t["speed"]["completion_tokens_per_s"] for o, t in pairs]),
         "step_seconds": mean_interval([o["speed"]["step_seconds_median"] / t["speed"]["step_seconds_median"] for o, t in pairs]),
     }  # fmt: skip
-    if all("held_out_kl" in o and "held_out_kl" in t for o, t in pairs):
-        out["held_out_kl"] = mean_interval([o["held_out_kl"] / t["held_out_kl"] for o, t in pairs])
+    for key in HELD_OUT:
+        if all(key in o and key in t for o, t in pairs):
+            out[key] = mean_interval([o[key] / t[key] for o, t in pairs])
     return out
 
 
@@ -585,11 +680,13 @@ def small_pair(student: Path, work: Path) -> tuple[Path, Path]:
 
 
 def one_run(
-    config: str, student: Path, teacher: Path, work: Path, seed: int, args, prompts: list, digest: str
+    config: str, student: Path, teacher: Path, work: Path, seed: int, args, prompts: list, digest: str,
+    stop_ids: list[int] | None = None, reference: dict | None = None,
 ) -> dict:
     """One (row, seed) in a fresh process: its record, or the exception or broken input that failed it."""
     run, options, _ = RUNNERS[config]
-    extra = options | ({"servers": args.trl_async_servers} if config == "trl_async" else {})
+    cell = getattr(args, "cell", DEFAULT_CELL)
+    extra = options | {"cell": cell} | ({"servers": args.trl_async_servers} if config == "trl_async" else {})
     budget = thread_budget(config, args.threads, args.cpus)
     try:
         result = in_fresh_process(
@@ -597,7 +694,7 @@ def one_run(
         )
     except Exception as err:  # the process's exception (or its death), recorded: the other rows go on
         return {"seed": seed, "error": f"{type(err).__name__}: {err}"}
-    reason = check_run(result, args.steps, digest, budget)
+    reason = check_run(result, args.steps, digest, budget, stop_ids)
     if reason is not None:
         return {"seed": seed, "error": f"broke the shared inputs: {reason}", **result}
     result["speed"] = timed_window(result["steps"], result["batches"])
@@ -609,23 +706,34 @@ def one_run(
         }
     if args.eval_tasks:
         try:
-            result["held_out_kl"] = in_fresh_process(
-                measure_kl, Path(result["model"]), teacher, args.eval_tasks, budget
+            result |= in_fresh_process(
+                measure_eval, Path(result["model"]), teacher, cell, args.eval_tasks, budget, reference
             )
         except Exception as err:
-            return {"seed": seed, "error": f"held-out KL: {type(err).__name__}: {err}", **result}
+            return {"seed": seed, "error": f"held-out KL / agreement: {type(err).__name__}: {err}", **result}
     return {"seed": seed, **result}
 
 
 def bench(student: Path, teacher: Path, work: Path, args: argparse.Namespace) -> tuple[dict, dict]:
-    prompts = {seed: step_prompts(student, seed, args.steps, args.prompts_per_step) for seed in args.seeds}
+    cell = getattr(args, "cell", DEFAULT_CELL)
+    prompts = {seed: step_prompts(student, seed, args.steps, args.prompts_per_step, cell) for seed in args.seeds}
     digests = {
         seed: prompts_digest([p["ids"] for step in prompts[seed] for p in step]) for seed in args.seeds
     }
+    stop_ids = getattr(args, "stop_ids", None)
+    reference = None
+    if args.eval_tasks:  # the teacher's greedy completions, once: every row's agreement is on the same tokens
+        budget = thread_budget("ours", args.threads, args.cpus)
+        reference = in_fresh_process(teacher_greedy, teacher, cell, args.eval_tasks, budget)
+        args.reference_tokens = sum(len(c) for c in reference["completions"])
+        try:  # where the runs start from: the untrained student's KL and agreement
+            args.untrained = in_fresh_process(measure_eval, student, teacher, cell, args.eval_tasks, budget, reference)
+        except Exception as err:
+            args.untrained = {"error": f"{type(err).__name__}: {err}"}
     rows = {}
     for config in args.configs:
         runs = [
-            one_run(config, student, teacher, work, seed, args, prompts[seed], digests[seed])
+            one_run(config, student, teacher, work, seed, args, prompts[seed], digests[seed], stop_ids, reference)
             for seed in args.seeds
         ]
         rows[config] = {
@@ -662,12 +770,16 @@ def main(argv: list[str] | None = None) -> None:
         "--steps", type=int, help="distillation steps per run (default 8; 3 with --preset-small)"
     )
     parser.add_argument(
+        "--cell", default=DEFAULT_CELL,
+        help=f"the domain-effort cell the prompts (train split) and held-out tasks (test split) come from (default {DEFAULT_CELL})",
+    )
+    parser.add_argument(
         "--prompts-per-step", type=int, default=PROMPTS_PER_STEP, help="prompts (one sample each) a step"
     )
     parser.add_argument(
         "--eval-tasks",
         type=int,
-        help="held-out test-split prompts the KL is measured on (default 32; 0 with --preset-small)",
+        help="held-out test-split prompts the KL and agreement are measured on (default 32; 0 with --preset-small)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPUs (and torch threads) of every run")
     parser.add_argument(
@@ -705,6 +817,10 @@ def main(argv: list[str] | None = None) -> None:
     for path in filter(None, [args.student, args.teacher]):
         if not (path / "config.json").is_file():
             parser.error(f"{path}: no config.json, not a checkpoint")
+    domain, _, effort = args.cell.partition("-")
+    if domain not in DOMAINS or effort not in default_effort_specs():
+        parser.error(f"--cell {args.cell!r}: give DOMAIN-EFFORT, of {', '.join(DOMAINS)} and {', '.join(default_effort_specs())}")
+    args.stop_ids = stop_ids_of(args.student)
 
     with tempfile.TemporaryDirectory(prefix="mopd-bench-trl-") as tmp:
         work = args.work or Path(tmp)
@@ -716,10 +832,13 @@ def main(argv: list[str] | None = None) -> None:
             "benchmark": "pair-mode distillation, ours vs TRL's trainers" + (" (small preset, speed only)" if args.preset_small else ""),
             "machine": describe_machine() | {"cpus_per_run": args.threads, "cpus": thread_budget("ours", args.threads, args.cpus)["cpus"]},
             "setup": {"student": str(args.student), "teacher": str(args.teacher), "preset": "small" if args.preset_small else "checkpoint",
-                      "cell": CELL, "prompts_per_step": args.prompts_per_step, "samples_per_prompt": 1,
-                      "max_new_tokens": default_effort_specs()["high"].max_new_tokens, "dtype": "float32", "sampling": SAMPLING,
+                      "cell": args.cell, "prompts_per_step": args.prompts_per_step, "samples_per_prompt": 1,
+                      "max_new_tokens": max_new_tokens(args.cell), "dtype": "float32", "sampling": SAMPLING,
+                      "chat_format": chat_format_name(args.student), "stop_ids": args.stop_ids,
+                      "greedy_reference_tokens": getattr(args, "reference_tokens", 0),
                       "steps": args.steps, "seeds": args.seeds, "eval_tasks": args.eval_tasks, "configs": args.configs,
                       "prompts_sha256": digests, "interval": "95%, Student t, df = seeds - 1"},
+            "untrained_student": getattr(args, "untrained", None),
             "rows": rows,
             "best_trl": {"synchronous": best_row(rows, SYNC_TRL), "any": best_row(rows, TRL)},
             "ours_over_trl": comparisons(rows),
