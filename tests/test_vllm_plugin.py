@@ -181,11 +181,15 @@ def test_too_long_prompt_names_the_request(engine):
         engine.generate(prompts, sampling=Sampling(max_tokens=4))
 
 
-def test_not_a_k3_checkpoint_is_a_clear_error(tmp_path):
+def test_a_directory_that_is_not_a_checkpoint_is_a_clear_error(tmp_path):
+    """Any architecture transformers knows is served (vLLM runs stock models itself); these are not checkpoints."""
     with pytest.raises(CheckpointError, match=r"no config\.json"):
         VllmEngine(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="model_type 'llama'"):
+    with pytest.raises(CheckpointError, match="has a config but no weights"):
+        VllmEngine(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    with pytest.raises(CheckpointError, match="not a config transformers can read"):
         VllmEngine(tmp_path)
 
 
