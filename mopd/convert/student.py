@@ -59,8 +59,12 @@ def init_student(
     torch.manual_seed(seed)
     if arch == "same":
         model, made = depth_pruned(teacher, config, layers)
+    elif arch == "k3" and init == "convert":
+        model, made = k3_converted(teacher, config, preset, layers, transfer)
+    elif arch == "k3" and init == "random":
+        model, made = k3_random(teacher, config, preset, layers)
     elif arch == "k3":
-        model, made = k3_from_embeddings(teacher, config, preset, init, layers, transfer)
+        raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
     else:
         raise StudentInitError(f"--arch {arch!r}: choose 'same' or 'k3'")
     model.save_pretrained(out)
@@ -122,31 +126,34 @@ def pruned_linear_attn(linear: dict, kept: list[int]) -> dict:
 
 
 # ----------------------------------------------------------------------------- --arch k3
-def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: int | None, transfer: dict | None = None):
+def k3_converted(teacher: Path, config, preset: str, layers: int | None, transfer: dict):
+    """`--init convert` (`mopd.convert.k3`), then `transfer["steps"]` of attention transfer if asked."""
+    from mopd.convert.attention_transfer import TransferError, attention_transfer
+    from mopd.convert.k3 import ConversionError, convert_llama_to_k3, load_teacher
+
+    kept = kept_layers(config.num_hidden_layers, config.num_hidden_layers if layers is None else layers)
+    source, tokenizer = load_teacher(teacher)
+    try:
+        student, made = convert_llama_to_k3(source, kept, preset=preset, tokenizer=tokenizer)
+    except (ConversionError, KeyError) as err:
+        raise StudentInitError(f"--init convert: {err.args[0]}") from None
+    if transfer["steps"]:
+        options = {k: transfer[k] for k in ("prompts", "lr") if transfer[k] is not None}
+        try:
+            made["attention_transfer"] = attention_transfer(
+                source.eval(), student, kept, tokenizer, transfer["steps"], seed=transfer["seed"], log=print, **options
+            )  # fmt: skip
+        except TransferError as err:
+            raise StudentInitError(f"--transfer-steps: {err}") from None
+    return student, made
+
+
+def k3_random(teacher: Path, config, preset: str, layers: int | None):
+    """`--init random`: a K3 hybrid of `preset` at the teacher's widths, its embeddings (and untied head) copied."""
     from transformers import AutoModelForCausalLM
 
     from mopd.model import K3HybridForCausalLM
 
-    if init == "convert":  # made from the teacher's weights: mopd.convert.k3
-        from mopd.convert.attention_transfer import TransferError, attention_transfer
-        from mopd.convert.k3 import ConversionError, convert_llama_to_k3, load_teacher
-
-        kept = kept_layers(config.num_hidden_layers, config.num_hidden_layers if layers is None else layers)
-        source, tokenizer = load_teacher(teacher)
-        try:
-            student, made = convert_llama_to_k3(source, kept, preset=preset, tokenizer=tokenizer)
-            if transfer and transfer["steps"]:  # then train the mixers on the teacher's attention outputs
-                options = {k: transfer[k] for k in ("prompts", "lr") if transfer[k] is not None}
-                made["attention_transfer"] = attention_transfer(
-                    source.eval(), student, kept, tokenizer, transfer["steps"], seed=transfer["seed"], log=print, **options
-                )  # fmt: skip
-            return student, made
-        except (ConversionError, KeyError) as err:
-            raise StudentInitError(f"--init convert: {err.args[0]}") from None
-        except TransferError as err:
-            raise StudentInitError(f"--transfer-steps: {err}") from None
-    if init != "random":
-        raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
     overrides = {
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -168,5 +175,5 @@ def k3_from_embeddings(teacher: Path, config, preset: str, init: str, layers: in
         if not student_config.tie_word_embeddings:
             student.get_output_embeddings().weight.copy_(source.get_output_embeddings().weight)
     student.generation_config = source.generation_config
-    return student, {"preset": preset, "init": init, "layers": student_config.num_hidden_layers, "copied": "embeddings"}
+    return student, {"preset": preset, "init": "random", "layers": student_config.num_hidden_layers, "copied": "embeddings"}
 
