@@ -32,7 +32,7 @@ from mopd.envs.chat import render_turns, tokenize_segments
 from mopd.envs.splits import TRAINED_TEXT, split_of, task_keys, trainable, write_trained_on
 from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
-from mopd.rollout.interface import read_model_config
+from mopd.model.config import read_model_config
 
 console = Console(stderr=True)
 IGNORE = -100

@@ -47,10 +47,10 @@ from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.sandbox import describe_backend
 from mopd.envs.splits import task_keys
+from mopd.model.config import CheckpointError, read_model_config
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout, run_rollouts
-from mopd.rollout.interface import CheckpointError, read_model_config
 
 console = Console(stderr=True)
 DEFAULT_SUITE = "eval/tiny.yaml"

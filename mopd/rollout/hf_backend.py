@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
+from mopd.model.config import read_model_config
 from mopd.rollout.interface import (
     DEFAULT_SAMPLING,
     Sample,
     Sampling,
     check_prompt_lengths,
     check_score_inputs,
-    read_model_config,
 )
 
 

@@ -18,13 +18,7 @@ from typing import Protocol
 
 import torch
 
-from mopd.model.config import (
-    CheckpointError,
-    K3HybridConfig,
-    is_k3,
-    read_checkpoint_config,
-    read_model_config,
-)
+from mopd.model.config import CheckpointError, K3HybridConfig, read_checkpoint_config
 
 
 @dataclass(frozen=True)
@@ -78,9 +72,6 @@ class RolloutEngine(Protocol):
 
 class PromptTooLongError(ValueError):
     """A request does not fit in the engine's context window."""
-
-
-__all__ = ["CheckpointError", "is_k3", "read_model_config"]  # re-exported: every backend loads configs through here
 
 
 def load_k3_config(model_dir: str | Path) -> K3HybridConfig:

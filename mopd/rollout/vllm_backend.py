@@ -12,14 +12,13 @@ from pathlib import Path
 
 import torch
 
+from mopd.model.config import is_k3, read_model_config
 from mopd.rollout.interface import (
     DEFAULT_SAMPLING,
     Sample,
     Sampling,
     check_prompt_lengths,
     check_score_inputs,
-    is_k3,
-    read_model_config,
 )
 
 
