@@ -146,7 +146,7 @@ def test_vllm_scores_the_converted_checkpoint(converted, monkeypatch):
         logprobs = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float().log_softmax(-1)
     want = logprobs[7:-1].gather(-1, torch.tensor(ids[8:])[:, None]).squeeze(-1)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)  # fp32 both sides: summation order only (as tests/test_vllm_plugin.py)
 
 
 # ----------------------------------------------------------------------------- attention transfer

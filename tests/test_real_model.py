@@ -4,7 +4,7 @@ file and imported with `mopd import` (`scripts/smollm2.py`, cached in `.cache/`)
 
 On it: the import; `init-student` both ways; pair runs on vLLM with a depth-pruned stock student
 (weights pushed in place, the policy version moving, engine log-probs equal to HF's after a push)
-and with a K3 student; and `recipes/smollm2.yaml` end to end (a 2-step GRPO teacher, MOPD, a bench
+and with a K3 student converted from it; and `recipes/smollm2.yaml` end to end (a 2-step GRPO teacher, MOPD, a bench
 whose report names the model). The Q4_1 model is weak on exact tasks (0/100 two-digit sums when
 the issue was filed), so rewards are reported, not asserted to rise.
 """
@@ -50,8 +50,10 @@ def pruned(smol, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def k3_student(smol, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("students") / "k3-tiny-4"
-    assert main(["init-student", "--from", str(smol), "--out", str(out), "--arch", "k3", "--preset", "tiny", "--layers", "4"]) == 0
+    """A K3 student converted from SmolLM2 (4 of its layers): the path of `--init convert`, then `mopd distill`."""
+    out = tmp_path_factory.mktemp("students") / "k3-converted-4"
+    argv = ["init-student", "--from", str(smol), "--out", str(out), "--arch", "k3", "--init", "convert", "--layers", "4"]
+    assert main(argv) == 0
     return out
 
 
