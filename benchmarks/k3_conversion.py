@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import subprocess
 import time
 from pathlib import Path
 
 from benchmarks.common import in_fresh_process
 from benchmarks.mopd_vs_trl import SET_NUM_THREADS, affinity, held_out_kl, held_out_tasks
+from mopd.machine import describe_machine
 
 STUDENTS = {  # name → `init_student` options (the transfer's are filled in from the arguments)
     "converted": {"arch": "k3", "init": "convert"},
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "plot", "work", "teacher", "seeds")}
     result |= {
         "teacher": str(teacher), "teacher_name": args.teacher.name, "cell": args.cell, "settings": settings,
-        "machine": {"cpus": affinity(), "platform": platform.platform(), "processor": platform.processor()},
+        "machine": describe_machine() | {"cpus": affinity(), "torch_threads_per_run": 1},
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
     }  # fmt: skip
 
