@@ -130,12 +130,12 @@ def run_seed(seed: int, teacher: Path, work: Path, args, result: dict, save) -> 
         row = rows.setdefault(name, {})
         if row.get("done"):
             continue
-        student = work / f"seed-{seed}" / slug(name)
+        student = work / f"seed-{made_in(name, seed, args)}" / slug(name)
         if not (student / "init_student.json").exists():
             started = time.time()
             in_fresh_process(make_student, name, teacher, student, seed, args)
             row["init_seconds"] = round(time.time() - started, 1)
-            row["parameters"] = parameters(student)
+        row["parameters"] = parameters(student)
         row["curve"] = [{"step": 0, "tokens": 0, **in_fresh_process(measure, student, teacher, args.cell, args.eval_tasks, seed, reference)}]
         save()
         if name in TRAINED:
@@ -154,6 +154,14 @@ def run_seed(seed: int, teacher: Path, work: Path, args, result: dict, save) -> 
             f"step {p['step']} KL {p['held_out_kl']:.3f} text KL {p['teacher_text_kl']:.3f} agreement {p['greedy_agreement']:.3f}"
             for p in row["curve"]
         ), flush=True)  # fmt: skip
+
+
+def made_in(name: str, seed: int, args) -> int:
+    """The seed whose student a row starts from: its own, except the transferred student with
+    `--transfer-once` (made once, with the first seed, and trained by MOPD from there in every seed)."""
+    if name == "converted+transfer" and args.transfer_once:
+        return int(args.seeds.split(",")[0])
+    return seed
 
 
 def teacher_greedy_one_thread(teacher: Path, cell: str, tasks: int, seed: int) -> dict:
@@ -250,6 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-tasks", type=int, default=16, help="test-split tasks of the cell per seed")
     parser.add_argument("--transfer-steps", type=int, default=150)
     parser.add_argument("--transfer-prompts", type=int, default=200)
+    parser.add_argument(
+        "--transfer-once", action="store_true",
+        help="make the transferred student once (first seed) and start every seed's MOPD from it: seeds then vary MOPD and the held-out tasks, not the transfer",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     work = args.work or args.out.with_suffix("")
     work.mkdir(parents=True, exist_ok=True)
