@@ -228,6 +228,11 @@ class BenchSpec(Strict):
     """The `bench` stage: the run's base, teachers (each on its own cell) and student on a suite."""
 
     suite: str = Field("eval/tiny.yaml", description="benchmark suite YAML (its split, seeds, domains, efforts)")
+    external: list[str] = Field(
+        default_factory=list,
+        description="external suites (eval/humaneval.yaml, eval/bfcl.yaml, eval/gsm.yaml) benchmarked after `suite`, "
+        "each into bench/<its file name>/; `samples`, `temperature` and the workers apply to them too",
+    )
     n: int | None = Field(None, gt=0, description="tasks per cell and seed; null = the suite's")
     samples: int | None = Field(None, gt=0, description="samples per task (k of mean@k / pass@k); null = the suite's")
     temperature: float | None = Field(None, ge=0, description="null = the suite's")

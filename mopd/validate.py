@@ -125,3 +125,11 @@ def check_bench_suite(recipe: Recipe, path: str | Path, recipe_dir: Path) -> Non
             close(make_env(suite, domain, recipe.env_options(domain), source=recipe.bench.suite))
     except RecipeError as err:
         raise fail(path, "bench.suite", str(err)) from None
+    for index, external in enumerate(recipe.bench.external):
+        field = f"bench.external[{index}]"
+        try:
+            suite = load_suite(resolve_path(external, recipe_dir))
+        except RecipeError as err:
+            raise fail(path, field, str(err)) from None
+        if not suite.external:
+            raise fail(path, field, f"{external} is a {suite.split} suite; external suites declare `split: external`")

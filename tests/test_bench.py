@@ -162,7 +162,7 @@ def test_same_suite_and_seed_give_the_same_tasks_at_every_effort():
         ),
         ({"efforts": ["medium"]}, r"bad.yaml: field `efforts`: .*medium"),
         ({"seeds": [3, 3]}, r"bad.yaml: field `seeds`: .*repeat"),
-        ({"split": "eval"}, r"bad.yaml: field `split`: .*'train', 'dev' or 'test'"),
+        ({"split": "eval"}, r"bad.yaml: field `split`: .*'train', 'dev', 'test' or 'external'"),
         ({"n": 0}, r"bad.yaml: field `n`"),
         ({"typo": 1}, r"bad.yaml: unknown field `typo`"),
     ],
@@ -392,7 +392,7 @@ def command_out(tmp_path_factory, checkpoints):
     args = argparse.Namespace(
         models=[f"base={checkpoints[0]}", f"trained={checkpoints[1]}"], run=None, suite=str(suite),
         efforts="low,high", domains="general", n=1, samples=None, out=str(out), backend="hf", workers=None,
-        allow_degraded_sandbox=False, allow_overlap=False,
+        allow_degraded_sandbox=False, allow_overlap=False, limit=None,
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("mopd.bench.run.recipe_of", lambda refs: tiny_recipe())

@@ -1,7 +1,8 @@
 """Which of a benchmark's tasks a model was trained on: the lineage audit of `mopd bench`.
 
     lineage(path, cell)                        the training stages whose data reached a checkpoint
-    audit_jobs(jobs)                           per (model, cell): its tasks whose key a stage trained on
+    run_stages(path)                           every training stage of a checkpoint's run (external suites)
+    audit_jobs(jobs, whole_run)                per (model, cell): its tasks whose key a stage trained on
     check_overlap(audits, split, allow, source)  an overlap in a dev or test suite is an error
 
 A checkpoint's run is the directory above it holding `recipe.json`; its stage is where it sits
@@ -20,6 +21,8 @@ records is a `BenchError` before sampling, naming the cells, the model and the s
 allows it (the report is then labelled). Each cell's audit also counts its distinct contents.
 A run whose base is a pretrained checkpoint (`base.checkpoint`) audits what the run trained on it;
 the pretraining itself is not known, and the audit says so (`pretraining_not_audited`).
+An external suite (a public benchmark, `mopd.bench.external`) is audited against every stage of the
+model's run (`whole_run`), not only its lineage: no record of the run may hold its contents.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def lineage(path: Path, cell: str) -> dict[str, Path]:
         stages["distill"] = run / "distill"
     elif stage in BASELINES:
         stages[stage] = run / stage
+    return stages
+
+
+def run_stages(path: Path) -> dict[str, Path]:
+    """Every training stage of the checkpoint's run that exists: the base, each teacher, MOPD, baselines."""
+    run, _ = run_stage(path)
+    stages = {"base": base_dir(run / "base")}
+    stages |= {f"teachers/{cell}": run / "teachers" / cell for cell in CELLS if (run / "teachers" / cell).is_dir()}
+    stages |= {name: run / name for name in ("distill", *BASELINES) if (run / name).is_dir()}
     return stages
 
 
@@ -96,13 +108,16 @@ def checkpoint_in(stage_dir: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- the audit
-def audit_cell(path: Path, cell: str, keys: list[str], records: dict[tuple[Path, str], set[str] | None]) -> dict[str, Any]:
+def audit_cell(
+    path: Path, cell: str, keys: list[str], records: dict[tuple[Path, str], set[str] | None], whole_run: bool = False
+) -> dict[str, Any]:
     """{"tasks", "distinct", "overlap", "stages": {stage: overlap}} or {"tasks", "distinct", "unavailable": why}.
     A task overlaps a stage when its key is in either of the stage's records: the tasks it trained
-    on, or the contents stated in the text it trained on."""
+    on, or the contents stated in the text it trained on. `whole_run`: every stage of the run, not
+    only the model's lineage."""
     counted = {"tasks": len(keys), "distinct": len(set(keys))}
     try:
-        stages = lineage(path, cell)
+        stages = run_stages(path) if whole_run else lineage(path, cell)
     except AuditUnavailable as why:
         return {**counted, "unavailable": str(why)}
     for where, record in itertools.product(stages.values(), RECORDS):
@@ -127,11 +142,14 @@ def audit_cell(path: Path, cell: str, keys: list[str], records: dict[tuple[Path,
     }
 
 
-def audit_jobs(jobs: list[tuple[str, Path, str, list[Task]]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(model, cell) → its audit, for each (model name, checkpoint path, cell, tasks) job."""
+def audit_jobs(
+    jobs: list[tuple[str, Path, str, list[Task]]], whole_run: bool = False
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model, cell) → its audit, for each (model name, checkpoint path, cell, tasks) job; `whole_run`
+    audits against every stage of the model's run (external suites)."""
     records: dict[tuple[Path, str], set[str] | None] = {}
     return {
-        (model, cell): audit_cell(path, cell, task_keys(tasks), records)
+        (model, cell): audit_cell(path, cell, task_keys(tasks), records, whole_run)
         for model, path, cell, tasks in jobs
     }
 

@@ -46,6 +46,7 @@ def write_plots(report: dict[str, Any], out: Path) -> list[str]:
 def domains_and_efforts(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     # report.json stores mappings with sorted keys: take the canonical order, not the file's
     domains = [d for d in DOMAINS if d in report["suite"]["domains"]]
+    domains += sorted(d for d in report["suite"]["domains"] if d not in DOMAINS)  # external benchmarks
     return domains, [e for e in EFFORTS if e in report["suite"]["efforts"]]
 
 

@@ -7,6 +7,7 @@ A report on a `split: train` suite, or on a dev/test suite let through with over
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 from pathlib import Path
@@ -28,6 +29,7 @@ TABLES: list[tuple[str, tuple[str, ...], str]] = [
     ("Latency per request, s (mean / p90)", ("latency_s_mean", "latency_s_p90"), "{:.1f}"),
     ("Throughput, generated tokens/s", ("tokens_per_s",), "{:.0f}"),
 ]
+AUDITED = {False: "the model's lineage", True: "any stage of the model's run"}  # external suites: the whole run
 PLOTS = {
     "accuracy_vs_effort.png": "Accuracy vs effort, per domain",
     "accuracy_vs_tokens.png": "Accuracy vs mean generated tokens (runtime scaling)",
@@ -38,6 +40,9 @@ PLOTS = {
 def write_report(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     report["out"] = str(out)
+    answered = [{"model": r["model"], "cell": f"{r['domain']}-{r['effort']}", **a} for r in report["results"] for a in r.pop("answers", [])]
+    if answered:  # an external suite's answers, one line a sample
+        write_text_atomic(out / "answers.jsonl", "".join(json.dumps(a, default=str) + "\n" for a in answered))
     report["plots"] = write_plots(report, out)
     write_json_atomic(out / "report.json", report)
     write_text_atomic(out / "report.md", markdown(report))
@@ -56,8 +61,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Effort benchmark: suite `{suite['name']}`, {split} split{label}",
         "",
-        f"{len(report['models'])} model(s) on `{suite['path']}`: {suite['n'] * len(suite['seeds'])} {split} tasks per cell "
-        f"(seeds {suite['seeds']}), {suite['samples']} sample(s) per task (k = {suite['samples']}), "
+        f"{len(report['models'])} model(s) on `{suite['path']}`: {tasks_text(report)}, "
+        f"{suite['samples']} sample(s) per task (k = {suite['samples']}), "
         f"temperature {suite['temperature']}, backend {report['backend']}"
         f"{workers_note(report.get('workers', 1))}. "
         f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
@@ -75,10 +80,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Code verified in the {report['code_sandbox']}."]
     lines += [
         "",
-        f"## Training-data audit: the cell's tasks that the model's lineage trained on{label}",
+        f"## Training-data audit: the cell's tasks that {AUDITED[split == 'external']} trained on{label}",
         "",
         *table(report, names, teachers, ("audit",), "", show=lambda row: audit_text(row and row.get("audit"))),
         *unavailable_notes(report),
+        *(["", f"**{report['audit_line']}**"] if report.get("audit_line") else []),
     ]
     for title, keys, number in TABLES:
         if keys == ("pass_at_k",) and suite["samples"] == 1:
@@ -96,6 +102,16 @@ def markdown(report: dict[str, Any]) -> str:
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def tasks_text(report: dict[str, Any]) -> str:
+    """How many tasks a cell holds: a generated suite's n per seed, an external suite's problems."""
+    suite = report["suite"]
+    if suite.get("split") != "external":
+        return f"{suite['n'] * len(suite['seeds'])} {suite.get('split', 'eval')} tasks per cell (seeds {suite['seeds']})"
+    counts = sorted({row["tasks"] for row in report["results"]})
+    limit = f"the first {suite['limit']} of each source" if suite.get("limit") else "every problem"
+    return f"{'/'.join(map(str, counts))} problems per cell ({limit}, in the source's order)"
 
 
 def table(

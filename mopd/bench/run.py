@@ -42,6 +42,7 @@ from rich.progress import (
 
 from mopd.artifacts import read_json
 from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in, training_compute
+from mopd.bench.external import without_thinking
 from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
@@ -54,6 +55,7 @@ from mopd.rollout.episodes import Rollout, run_rollouts
 
 console = Console(stderr=True)
 DEFAULT_SUITE = "eval/tiny.yaml"
+SANDBOXED = ("code", "humaneval")  # domains whose verifier runs the model's code in the sandbox
 
 
 @dataclass
@@ -95,8 +97,10 @@ def run_bench(
     resources: Resources | None = None,
     allow_degraded: bool = False,
     allow_overlap: bool = False,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """Benchmark `models` on the suite's cells; writes report.json/.md and plots to `out`.
+    `limit`: an external suite's first N problems of each source (a quick run).
     `workers` > 1 runs that many engines at once on Ray actors, each holding `resources`.
     `allow_degraded` judges code in the rlimit sandbox where bubblewrap does not work (the report says so).
     `allow_overlap` benchmarks a dev or test suite whose tasks a model trained on (the report says so)."""
@@ -106,7 +110,7 @@ def run_bench(
     refs = [as_model_ref(m) for m in models]
     check_models(refs)
     chosen = select(
-        load_suite(suite), list(domains or []), list(efforts or []), n, samples, source=str(suite)
+        load_suite(suite), list(domains or []), list(efforts or []), n, samples, source=str(suite), limit=limit
     )
     if temperature is not None:
         chosen = chosen.model_copy(update={"temperature": temperature})
@@ -114,16 +118,19 @@ def run_bench(
     if allow_degraded:
         recipe = recipe.model_copy(update={"sandbox": recipe.sandbox.model_copy(update={"allow_degraded": True})})
     envs = {
-        domain: make_env(chosen, domain, recipe.env_options(domain), source=str(suite))
+        domain: make_env(chosen, domain, env_options(chosen, domain, recipe), source=str(suite))
         for domain in chosen.domains
     }
+    budgets = chosen.budgets(recipe.efforts)
     try:
-        code_sandbox = envs["code"].sandbox.backend if "code" in envs else None  # refuses before any engine starts
+        judging = [envs[d] for d in SANDBOXED if d in envs]
+        code_sandbox = judging[0].sandbox.backend if judging else None  # refuses before any engine starts
         cells = [Cell(d, e, chosen.tasks(envs[d], e)) for d in chosen.domains for e in chosen.efforts]
-        audits = audit_jobs([(ref.name, ref.path, cell.name, cell.tasks) for ref in refs for cell in cells_of(ref, cells)])
+        jobs = [(ref.name, ref.path, cell.name, cell.tasks) for ref in refs for cell in cells_of(ref, cells)]
+        audits = audit_jobs(jobs, whole_run=chosen.external)
         overlapping = check_overlap(audits, chosen.split, allow_overlap, source=str(suite))
         results = evaluate(
-            refs, cells, envs, chosen, recipe.efforts, backend, progress, recipe, workers, resources
+            refs, cells, envs, chosen, budgets, backend, progress, recipe, workers, resources
         )  # fmt: skip
     finally:
         for env in envs.values():
@@ -132,7 +139,7 @@ def run_bench(
     for row in results:
         cell = f"{row['domain']}-{row['effort']}"
         row["audit"], row["task_keys"] = audits[(row["model"], cell)], keys[cell]  # keys: the sweep clusters by them
-    report = build_report(refs, chosen, str(suite), backend, recipe.efforts, results, workers, overlapping)
+    report = build_report(refs, chosen, str(suite), backend, budgets, results, workers, overlapping)
     if code_sandbox:
         report["code_sandbox"] = describe_backend(code_sandbox)
     if out is not None:
@@ -140,6 +147,14 @@ def run_bench(
 
         write_report(report, Path(out))
     return report
+
+
+def env_options(suite: Suite, domain: str, recipe: Recipe) -> dict[str, Any]:
+    """A domain's env options: the recipe's `envs.<domain>`; an external benchmark that runs code
+    takes only the sandbox opt-in."""
+    if not suite.external:
+        return recipe.env_options(domain)
+    return {"allow_degraded": True} if domain in SANDBOXED and recipe.sandbox.allow_degraded else {}
 
 
 def bench_run_dir(
@@ -152,12 +167,15 @@ def bench_run_dir(
         raise BenchError(f"--run {run_dir}: no recipe.json; is it a run directory (runs/<recipe>)?")
     recipe = validate(Recipe, read_json(recipe_file), source=str(recipe_file))
     spec = recipe.bench
-    options = {"suite": spec.suite, "n": spec.n, "samples": spec.samples, "temperature": spec.temperature} | {
+    suite = options.get("suite") or spec.suite
+    own = {"n": spec.n} if suite == spec.suite else {}  # the recipe's n is for its own suite
+    options = {"suite": suite, **own, "samples": spec.samples, "temperature": spec.temperature} | {
         key: value for key, value in options.items() if value is not None
     }
     options = {"workers": spec.workers, "resources": spec.resources} | options  # --workers wins
+    default_out = run_dir / "bench" / Path(suite).stem if load_suite(suite).external else run_dir / "bench"
     return run_bench(
-        run_models(run_dir), out=out if out is not None else run_dir / "bench",
+        run_models(run_dir), out=out if out is not None else default_out,
         backend=backend or spec.backend or recipe.rollout, recipe=recipe, **options,
     )  # fmt: skip
 
@@ -166,12 +184,23 @@ def run_bench_stage(ctx) -> dict[str, Any]:
     """Pipeline stage `bench`: the run's models on the recipe's suite, report in the stage dir; returns
     its compute (`mopd.compute`: the tokens its models generated)."""
     spec = ctx.recipe.bench
-    report = run_bench(
-        run_models(ctx.run_dir, ctx.inputs), suite=spec.suite, n=spec.n, samples=spec.samples, out=ctx.dir,
-        backend=spec.backend or ctx.recipe.rollout, recipe=ctx.recipe, temperature=spec.temperature,
-        workers=spec.workers, resources=spec.resources,
-    )  # fmt: skip
-    return bench_compute(report)
+    models = run_models(ctx.run_dir, ctx.inputs)
+    options = {
+        "samples": spec.samples, "backend": spec.backend or ctx.recipe.rollout, "recipe": ctx.recipe,
+        "temperature": spec.temperature, "workers": spec.workers, "resources": spec.resources,
+    }  # fmt: skip
+    reports = [run_bench(models, suite=spec.suite, n=spec.n, out=ctx.dir, **options)]
+    reports += [run_bench(models, suite=suite, out=ctx.dir / Path(suite).stem, **options) for suite in spec.external]
+    return sum_compute([bench_compute(report) for report in reports])
+
+
+def sum_compute(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The compute of several reports of the same models: tokens and FLOPs added up."""
+    return {
+        "tokens_sampled": sum(part["tokens_sampled"] for part in parts),
+        "active_params": parts[0]["active_params"],
+        "flops": sum(part["flops"] for part in parts),
+    }
 
 
 def bench_compute(report: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +223,7 @@ def bench_command(args) -> int:
     """`mopd bench MODEL [MODEL ...] | --run DIR` (the CLI's handler)."""
     options = {
         "efforts": split_list(args.efforts), "domains": split_list(args.domains),
-        "n": args.n, "samples": args.samples, "workers": args.workers,
+        "n": args.n, "samples": args.samples, "workers": args.workers, "limit": args.limit,
         "allow_degraded": args.allow_degraded_sandbox, "allow_overlap": args.allow_overlap,
     }  # fmt: skip
     if args.suite:
@@ -223,7 +252,12 @@ def add_bench_parser(subparsers) -> None:
     bench.add_argument("--domains", help="comma-separated subset of the suite's domains")
     bench.add_argument("--n", type=int, help="tasks per cell and seed (overrides the suite)")
     bench.add_argument("--samples", type=int, help="samples per task, k of mean@k / pass@k")
-    bench.add_argument("--out", help="report directory (default: runs/bench, or <run>/bench)")
+    bench.add_argument(
+        "--limit", type=int, help="an external suite's first N problems of each source (a quick run; overrides the suite)"
+    )
+    bench.add_argument(
+        "--out", help="report directory (default: runs/bench, or <run>/bench; an external suite's: <run>/bench/<suite>)"
+    )
     bench.add_argument(
         "--workers", type=int,
         help="engines answering cells at once, one Ray actor each (default 1, or the run's bench.workers)",
@@ -370,7 +404,7 @@ def evaluate(
                 finished(ref, cell, metrics[-1])
         else:
             recipe = recipe or Recipe(name="bench")
-            worker_args = (suite, budgets, backend, None, {d: recipe.env_options(d) for d in suite.domains})
+            worker_args = (suite, budgets, backend, None, {d: env_options(suite, d, recipe) for d in suite.domains})
             metrics = run_on_workers(jobs, recipe, workers, resources or Resources(), worker_args, bar, task, finished)
     return [
         {"model": ref.name, "domain": cell.domain, "effort": cell.effort, **m} for (ref, cell), m in zip(jobs, metrics)
@@ -399,7 +433,10 @@ class CellWorker:
         groups, latencies, wall = sample_cell(
             engine, self.tokenizers[ref.path], self.envs, cell, self.budgets, self.suite, advance or (lambda k: None)
         )
-        return cell_metrics(groups, latencies, wall, self.budgets[cell.effort])
+        metrics = cell_metrics(groups, latencies, wall, self.budgets[cell.effort])
+        if self.suite.external:  # what the model answered, for the reader of a public benchmark's score
+            metrics["answers"] = answers(groups)
+        return metrics
 
     def close(self) -> None:
         if self.owns_envs:
@@ -473,10 +510,14 @@ def sample_cell(engine, tokenizer, envs, cell: Cell, budgets, suite: Suite, adva
     for start in range(0, len(cell.tasks), batch):
         tasks = cell.tasks[start : start + batch]
         began = time.perf_counter()
-        groups += run_rollouts(
+        answered = run_rollouts(
             engine, tokenizer, {cell.domain: envs[cell.domain]}, tasks, budgets,
             n=suite.samples, temperature=suite.temperature, seed=suite.seeds[0],
         )  # fmt: skip
+        if suite.external:  # a stock model may answer without thinking: no budget to exceed
+            for rollout in (r for group in answered for r in group):
+                without_thinking(rollout)
+        groups += answered
         seconds = time.perf_counter() - began
         latencies += [seconds] * (len(tasks) * suite.samples)
         wall += seconds
@@ -516,6 +557,15 @@ def cell_metrics(
     }
 
 
+def answers(groups: list[list[Rollout]]) -> list[dict]:
+    """Each sample's task, completion (the last turn) and verdict (`answers.jsonl` of the report)."""
+    return [
+        {"task": r.task.id, "completion": r.completion, "reward": r.verdict.reward, "correct": within_budget(r),
+         "thinking_tokens": r.thinking_tokens, "details": r.verdict.details}
+        for group in groups for r in group
+    ]  # fmt: skip
+
+
 def within_budget(rollout: Rollout) -> float:
     """The verdict's reward where the thinking fits the effort's budget, else 0: the budget is the protocol."""
     return 0.0 if rollout.over_budget else rollout.verdict.reward
@@ -543,7 +593,7 @@ def p90(values: Iterable[float]) -> float:
 def build_report(
     refs, suite: Suite, suite_path: str, backend: str, budgets, results, workers: int = 1, overlapping: bool = False
 ) -> dict[str, Any]:
-    return {
+    report = {
         "suite": {"path": suite_path, **suite.model_dump()},
         "label": report_label(suite.split, overlapping),
         "backend": backend,
@@ -553,6 +603,29 @@ def build_report(
         "results": results,
         "machine": machine(),
     }
+    if suite.external:
+        report["audit_line"] = external_audit_line(results)
+    return report
+
+
+def external_audit_line(results: list[dict]) -> str:
+    """What the audit says of an external suite, in one line for the report."""
+    models = list(dict.fromkeys(r["model"] for r in results))
+    audits = {m: [r["audit"] for r in results if r["model"] == m] for m in models}
+    leaked = [m for m in models if any(a.get("overlap") for a in audits[m])]
+    clean = [m for m in models if all(a.get("overlap") == 0 for a in audits[m])]
+    outside = [m for m in models if any("unavailable" in a for a in audits[m])]
+    if leaked:
+        return f"External suite, OVERLAPPING: the training records of the run of {', '.join(leaked)} hold some of its problems."
+    parts = ["External suite: no training stage drew these problems (mopd's stages sample only generated train tasks)"]
+    if clean:
+        parts.append(f"the audit found none of their contents in any training record of the run of {', '.join(clean)}")
+    pretrained = [m for m in clean if any("pretraining_not_audited" in a for a in audits[m])]
+    if pretrained:
+        parts.append(f"the pretraining of the base of {', '.join(pretrained)} is not audited")
+    if outside:
+        parts.append(f"{', '.join(outside)} is not from a mopd run: no mopd stage trained it, and its pretraining is not audited")
+    return "; ".join(parts) + "."
 
 
 def report_label(split: str, overlapping: bool) -> str | None:

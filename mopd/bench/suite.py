@@ -23,6 +23,18 @@ give the same tasks, and a task's content does not depend on the effort, so ever
 the same questions. A cell holds each content once while the split has enough (`distinct_draw`);
 a small split's contents repeat in turn, and the report counts the distinct ones. Every mistake in a suite (an unknown domain, family or split) is one
 `SuiteError` naming the file and the field, raised before anything is sampled.
+
+A `split: external` suite asks a public benchmark's problems (`mopd.bench.external`: humaneval, bfcl,
+gsm) instead of generated ones: every problem once, in its source's order, the first `limit` of
+each source where one is set. No training stage can draw them, and the audit checks every record of
+a model's run for their contents all the same.
+
+    name: humaneval
+    split: external
+    limit: null            # the first N problems (BFCL: of each category); null = all
+    answer_tokens: 512     # tokens allowed after the thinking (a whole function)
+    domains:
+      humaneval: {}
 """
 from __future__ import annotations
 
@@ -31,10 +43,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from mopd.bench.external import EXTERNAL, external_env
 from mopd.envs import get_env
 from mopd.envs.base import DOMAINS, EFFORTS, Task
+from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import task_keys
 from mopd.recipe import RecipeError, read_yaml_mapping, resolve_path, validate
 
@@ -62,11 +76,20 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    split: Literal["train", "dev", "test"] = Field(
-        description="the content split the tasks come from: test for reports, dev for tuning, train in-distribution"
+    split: Literal["train", "dev", "test", "external"] = Field(
+        description="the content split the tasks come from: test for reports, dev for tuning, train in-distribution; "
+        "external: a public benchmark's problems (domains humaneval, bfcl, gsm)"
     )
-    seeds: list[int] = Field(min_length=1)
-    n: int = Field(gt=0, description="tasks per (domain, effort) cell and seed")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="draws within the split (external: the sampling seed)")
+    n: int | None = Field(
+        None, gt=0, validate_default=True, description="tasks per (domain, effort) cell and seed; not for an external suite"
+    )
+    limit: int | None = Field(
+        None, gt=0, description="external suites: the first N problems of each source (BFCL: of each category); null = all"
+    )
+    answer_tokens: int | None = Field(
+        None, gt=0, description="tokens allowed after the thinking, for every effort; null = the efforts' own"
+    )
     samples: int = Field(1, gt=0, description="samples per task (k of mean@k and pass@k)")
     temperature: float = Field(0.0, ge=0)
     batch_tasks: int | None = Field(
@@ -90,13 +113,35 @@ class Suite(BaseModel):
             raise ValueError(f"unknown efforts {unknown}; choose some of {list(EFFORTS)}")
         return efforts
 
+    @field_validator("n")
+    @classmethod
+    def _n_fits_the_split(cls, n: int | None, info: ValidationInfo) -> int | None:
+        external = info.data.get("split") == "external"
+        if external and n is not None:
+            raise ValueError("an external suite asks every problem once; use limit for a quick run")
+        if not external and n is None:
+            raise ValueError("tasks per cell and seed: required for a generated (train/dev/test) suite")
+        return n
+
+    @field_validator("limit")
+    @classmethod
+    def _limit_is_external(cls, limit: int | None, info: ValidationInfo) -> int | None:
+        if limit is not None and info.data.get("split") != "external":
+            raise ValueError("only for an external suite; a generated suite takes n")
+        return limit
+
     @field_validator("domains")
     @classmethod
-    def _known_domains(cls, domains: dict[str, DomainSuite]) -> dict[str, DomainSuite]:
-        unknown = [d for d in domains if d not in DOMAINS]
+    def _known_domains(cls, domains: dict[str, DomainSuite], info: ValidationInfo) -> dict[str, DomainSuite]:
+        known = known_domains(info.data.get("split", "test"))
+        unknown = [d for d in domains if d not in known]
         if unknown or not domains:
-            raise ValueError(f"unknown domains {unknown}; choose some of {list(DOMAINS)}")
+            raise ValueError(f"unknown domains {unknown}; choose some of {list(known)}")
         return domains
+
+    @property
+    def external(self) -> bool:
+        return self.split == "external"
 
     def env_options(self, domain: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
         """Keyword options of the domain's env: the recipe's (`base`), then the suite's on top."""
@@ -109,7 +154,19 @@ class Suite(BaseModel):
     def tasks(self, env: Any, effort: str) -> list[Task]:
         """The cell's tasks: n per seed from the suite's split, each content at most once in the cell
         while the split holds enough (`distinct_draw`)."""
+        if self.external:
+            return env.tasks(effort, self.limit)
         return distinct_draw(lambda count, seed: env.sample(count, seed, self.split, effort), self.seeds, self.n)
+
+    def budgets(self, efforts: dict[str, EffortSpec]) -> dict[str, EffortSpec]:
+        """The efforts' specs, with the suite's `answer_tokens` where it sets one."""
+        if self.answer_tokens is None:
+            return dict(efforts)
+        return {name: spec.model_copy(update={"answer_tokens": self.answer_tokens}) for name, spec in efforts.items()}
+
+
+def known_domains(split: str) -> tuple[str, ...]:
+    return tuple(EXTERNAL) if split == "external" else DOMAINS
 
 
 def distinct_draw(draw, seeds: list[int], n: int, factor: int = DRAW_FACTOR) -> list[Task]:
@@ -152,6 +209,8 @@ def make_env(
     suite: Suite, domain: str, env_options: dict[str, Any] | None = None, source: str = "suite"
 ) -> Any:
     try:
+        if suite.external:
+            return external_env(domain, **suite.env_options(domain, env_options))
         return get_env(domain, **suite.env_options(domain, env_options))
     except (ValueError, TypeError) as err:
         raise SuiteError(f"{source}: domains.{domain}: {err}") from None
@@ -169,11 +228,13 @@ def select(
     n: int | None = None,
     samples: int | None = None,
     source: str = "suite",
+    limit: int | None = None,
 ) -> Suite:
-    """The suite narrowed to some domains/efforts, with n or samples overridden (the CLI's flags)."""
+    """The suite narrowed to some domains/efforts, with n, samples or limit overridden (the CLI's flags)."""
+    known = known_domains(suite.split)
     for domain in domains or []:
-        if domain not in DOMAINS:
-            raise SuiteError(f"--domains: unknown domain {domain!r}; choose some of {list(DOMAINS)}")
+        if domain not in known:
+            raise SuiteError(f"--domains: unknown domain {domain!r}; choose some of {list(known)}")
         if domain not in suite.domains:
             raise SuiteError(f"--domains: {source} has no domain {domain!r}; it has {list(suite.domains)}")
     for effort in efforts or []:
@@ -184,7 +245,11 @@ def select(
         update["domains"] = {d: suite.domains[d] for d in domains}
     if efforts:
         update["efforts"] = list(efforts)
-    for name, value in (("n", n), ("samples", samples)):
+    if n is not None and suite.external:
+        raise SuiteError(f"--n: {source} is an external suite (every problem once); use --limit for a quick run")
+    if limit is not None and not suite.external:
+        raise SuiteError(f"--limit: {source} is a {suite.split} suite; --limit is for external suites, use --n")
+    for name, value in (("n", n), ("samples", samples), ("limit", limit)):
         if value is not None:
             if value <= 0:
                 raise SuiteError(f"--{name}: must be positive, got {value}")
