@@ -178,12 +178,30 @@ class DistillSpec(Strict):
     curve_every: int | None = Field(
         None, gt=0, description="steps between learning-curve snapshots (`curve/step-N/`, scored by the `curves` stage); null: none"
     )
+    balance_tokens: bool = Field(
+        False, description="each cell's loss is its tokens' mean, weighted by the cell's share of the step's prompts (a cell with short answers weighs as much as one with long episodes); false: the mean over all the step's tokens"
+    )
+    allocation: Literal["static", "gap"] = Field(
+        "static", description="how each step's prompts are split over cells: static: by `mix`; gap: in proportion to the student's reverse KL to each cell's teacher on its recent samples (the mix until measured), above `allocation_floor`"
+    )
+    allocation_every: int = Field(4, gt=0, description="allocation: gap: steps between re-allocations; each uses the reverse KL of the steps before it")
+    allocation_floor: int = Field(1, ge=0, description="allocation: gap: prompts every cell of the mix gets each step, whatever its gap")
 
     @model_validator(mode="after")
     def _known_cells(self) -> DistillSpec:
         unknown = [c for c in [*self.mix, *self.teachers] if c not in CELLS]
         if unknown:
             raise ValueError(f"unknown cells {unknown} in mix/teachers; cells are {', '.join(CELLS)}")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_fits(self) -> DistillSpec:
+        cells = sum(1 for weight in self.mix.values() if weight > 0)
+        if self.allocation == "gap" and self.allocation_floor * cells > self.prompts_per_step:
+            raise ValueError(
+                f"allocation_floor: {self.allocation_floor} prompts for each of the mix's {cells} cells is more than "
+                f"prompts_per_step ({self.prompts_per_step})"
+            )
         return self
 
 

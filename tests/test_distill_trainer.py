@@ -62,8 +62,8 @@ def test_the_trainer_recomputes_exactly_what_the_teacher_scores(setup):
     assert batch.mask.sum(1).tolist() == [3, 8, 5]
 
 
-@pytest.mark.parametrize("full_vocab_kl", [False, True])
-def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_vocab_kl):
+@pytest.mark.parametrize(("full_vocab_kl", "balance_tokens"), [(False, False), (True, False), (False, True), (True, True)])
+def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_vocab_kl, balance_tokens):
     _, student_dir, teachers = setup
     gen = torch.Generator().manual_seed(1)
     rollouts, cells = [], []
@@ -80,15 +80,18 @@ def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_v
         [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=full_vocab_kl
     )
     # no IcePop mask: these made-up rollout log-probs are far from the student's, it would zero every token
-    options = {"full_vocab_kl": full_vocab_kl, "orm_alpha": 0.5, "importance": {"mode": "none"}}
+    options = {"full_vocab_kl": full_vocab_kl, "orm_alpha": 0.5, "importance": {"mode": "none"}, "balance_tokens": balance_tokens}
     whole = Student.load(student_dir, spec(**options), reference_dir=student_dir)
     split = Student.load(student_dir, spec(micro_batch_tokens=64, **options), reference_dir=student_dir)
     assert len(length_sorted_micro_batches(rollouts, 64)) >= 3
     metrics = [student.train_step(rollouts, scores, cells) for student in (whole, split)]
     for a, b in zip(whole.model.parameters(), split.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
-    for name in ("loss", "reverse_kl", "grad_norm", "general-low/reverse_kl", "general-high/tokens"):
+    for name in ("loss", "reverse_kl", "grad_norm", "general-low/reverse_kl", "general-high/tokens", "general-low/gradient_share"):
         assert metrics[0][name] == pytest.approx(metrics[1][name], rel=1e-4, abs=1e-6), name
+    tokens = {cell: metrics[0][f"{cell}/tokens"] for cell in CELLS}  # 3 rollouts each, of different lengths
+    expected = {cell: 0.5 if balance_tokens else tokens[cell] / sum(tokens.values()) for cell in CELLS}
+    assert {cell: metrics[0][f"{cell}/gradient_share"] for cell in CELLS} == pytest.approx(expected)
 
 
 def test_staleness_beyond_the_bound_is_an_error():

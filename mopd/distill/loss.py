@@ -69,20 +69,26 @@ def mopd_loss(
     orm_alpha: float = 0.0,
     reference_logprobs: torch.Tensor | None = None,
     reward_scale: float = 1.0,
+    token_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """REINFORCE on the reverse-KL advantage; all tensors [B, T] over completion tokens.
 
     `mask` is 1 on tokens the student generated (observation and padding tokens are 0);
-    `orm_advantages` is one value per sequence [B] (e.g. group-normalised verifier rewards).
+    `orm_advantages` is one value per sequence [B] (e.g. group-normalised verifier rewards);
+    `token_weights` [B, T] is each token's weight in the loss (None: the mean over `mask`).
     """
     mask = mask.to(train_logprobs.dtype)
     advantage = reverse_kl_advantage(teacher_logprobs, train_logprobs, reference_logprobs, reward_scale)
     if orm_advantages is not None and orm_alpha:
         advantage = advantage + orm_alpha * orm_advantages[:, None]
     weights, out_of_bounds = importance_weights(train_logprobs, rollout_logprobs, importance, low, high)
-    n_tokens = mask.sum().clamp(min=1)
-    loss = -(weights * advantage * train_logprobs * mask).sum() / n_tokens
+    loss = -(weights * advantage * train_logprobs * masked_weights(mask, token_weights)).sum()
     return LossOutput(loss=loss, metrics=token_metrics(train_logprobs, rollout_logprobs, teacher_logprobs, mask, out_of_bounds))
+
+
+def masked_weights(mask: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """Each token's weight in a loss: the given weights on masked tokens, or 1/(masked tokens) each."""
+    return mask / mask.sum().clamp(min=1) if token_weights is None else token_weights * mask
 
 
 def token_metrics(train, rollout, teacher, mask, out_of_bounds) -> dict[str, float]:
@@ -108,11 +114,12 @@ def reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -
     return (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1)
 
 
-def full_vocab_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The exact `reverse_kl` per position, averaged over masked positions.
+def full_vocab_reverse_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, token_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The exact `reverse_kl` per position, averaged over masked positions (or weighted by `token_weights`).
 
     Cheap with a small vocabulary; differentiable in the student's logits.
     """
     kl = reverse_kl(torch.log_softmax(student_logits.float(), dim=-1), torch.log_softmax(teacher_logits.float(), dim=-1))
-    mask = mask.to(kl.dtype)
-    return (kl * mask).sum() / mask.sum().clamp(min=1)
+    return (kl * masked_weights(mask.to(kl.dtype), token_weights)).sum()

@@ -36,7 +36,15 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mopd.distill.scorer import TeacherScores
-from mopd.distill.student import Student, collate, length_sorted_micro_batches, orm_advantages, step_metrics
+from mopd.distill.student import (
+    Student,
+    collate,
+    gradient_shares,
+    length_sorted_micro_batches,
+    orm_advantages,
+    step_metrics,
+    token_weights,
+)
 from mopd.model import is_k3
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
@@ -88,13 +96,13 @@ class ShardedStudent(Student):
         so every rank gets long and short ones)."""
         full = collate(rollouts, scores, self.model.config.pad_token_id or 0)
         orm = orm_advantages(rollouts, cells)
-        total_tokens = float(full.mask.sum().clamp(min=1))
+        weights = token_weights(rollouts, cells, self.spec.balance_tokens)
         order = sorted(range(len(rollouts)), key=lambda i: len(rollouts[i].prompt_ids) + len(rollouts[i].token_ids))
         shares = [order[rank :: len(self.workers)] for rank in range(len(self.workers))]
         passes = max(len(length_sorted_micro_batches([rollouts[i] for i in rows], self.spec.micro_batch_tokens)) for rows in shares)
         idle = (rollouts[order[0]], scores[order[0]])
         results = ray.get([
-            worker.train_step.remote([rollouts[i] for i in rows], [scores[i] for i in rows], orm[rows], total_tokens, passes, idle)
+            worker.train_step.remote([rollouts[i] for i in rows], [scores[i] for i in rows], orm[rows], weights[rows], passes, idle)
             for worker, rows in zip(self.workers, shares)
         ])  # fmt: skip
         train_logprobs = torch.zeros_like(full.rollout_logprobs)
@@ -106,6 +114,7 @@ class ShardedStudent(Student):
             "loss": sum(r["loss"] for r in results),
             "grad_norm": results[0]["grad_norm"],
             **step_metrics(rollouts, cells, full, train_logprobs, self.spec),
+            **gradient_shares(rollouts, cells, weights),
             **results[0]["moe"],
         }
 
@@ -176,11 +185,11 @@ class TrainerWorker:
         self.student = Student(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
 
     def train_step(
-        self, rollouts: list[Rollout], scores: list[TeacherScores], orm: torch.Tensor, total_tokens: float, passes: int,
-        idle: tuple[Rollout, TeacherScores],
+        self, rollouts: list[Rollout], scores: list[TeacherScores], orm: torch.Tensor, row_weights: torch.Tensor,
+        passes: int, idle: tuple[Rollout, TeacherScores],
     ) -> dict:  # fmt: skip
-        """This rank's micro-batches, then zero-weight passes up to `passes`: FSDP's gathers and
-        reductions are collectives, every rank must run as many forwards and backwards."""
+        """This rank's micro-batches (each row's tokens at its weight in the whole step's loss), then zero-weight
+        passes up to `passes`: FSDP's gathers and reductions are collectives, every rank must run as many."""
         student, model = self.student, self.student.model
         pad_id = model.config.pad_token_id or 0
         student.optimizer.zero_grad(set_to_none=True)
@@ -192,10 +201,9 @@ class TrainerWorker:
                 self.idle_pass(*idle)
                 continue
             batch = collate([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id).to(self.device)
-            loss, train_logprobs = student.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows])
-            share = batch.mask.sum() / total_tokens
-            (loss * share).backward()
-            loss_sum += float(loss.detach() * share)
+            loss, train_logprobs = student.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows], row_weights[rows])
+            loss.backward()
+            loss_sum += float(loss.detach())
             for row, i in enumerate(rows):
                 logprobs[i] = train_logprobs[row, : len(rollouts[i].token_ids)].detach().cpu()
         grad_norm = clip_full_norm(model, student.spec.max_grad_norm)

@@ -3,6 +3,7 @@
     Student.load(dir, spec)            the trained copy (and the frozen reference, where the loss needs one)
     Student.train_step(rollouts, ...)  one optimizer step on the teachers' per-token scores
     collate / length_sorted_micro_batches   rollouts → padded tensors, cut by length
+    token_weights                      each rollout's per-token weight in the step's loss (`balance_tokens`)
 
 `mopd.distill.trainer` drives it step by step; `mopd.distill.sharded` runs the same step under FSDP2.
 """
@@ -76,33 +77,37 @@ class Student:
     def train_step(self, rollouts: list[Rollout], scores: list[TeacherScores], cells: list[str]) -> dict:
         """One optimizer step over all rollouts, in micro-batches of similar length.
 
-        Each micro-batch's loss is weighted by its share of the step's tokens, so the summed
-        gradients equal those of the whole batch at once (padding every rollout to the longest
-        would cost the most compute where rollouts differ most: a sum next to an agent episode).
+        Every token carries its weight in the step's loss (`token_weights`), so the summed gradients
+        of the micro-batches equal those of the whole batch at once (padding every rollout to the
+        longest would cost the most compute where rollouts differ most: a sum next to an agent episode).
         """
         spec = self.spec
         pad_id = self.model.config.pad_token_id or 0
         full = collate(rollouts, scores, pad_id)  # completion-only tensors, for the metrics
         orm = orm_advantages(rollouts, cells)
-        total_tokens = full.mask.sum().clamp(min=1)
+        weights = token_weights(rollouts, cells, spec.balance_tokens)
         train_logprobs = torch.zeros_like(full.rollout_logprobs)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for rows in length_sorted_micro_batches(rollouts, spec.micro_batch_tokens):
             batch = collate([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id).to(self.model.device)
-            loss, logprobs = self.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows])
-            share = batch.mask.sum().clamp(min=1) / total_tokens
-            (loss * share).backward()
-            loss_sum += float(loss.detach() * share)
+            loss, logprobs = self.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows], weights[rows])
+            loss.backward()
+            loss_sum += float(loss.detach())
             train_logprobs[rows, : logprobs.shape[1]] = logprobs.detach().cpu()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.max_grad_norm)
         self.optimizer.step()
         moe = self.model.update_moe_bias() if hasattr(self.model, "update_moe_bias") else {}
-        return {"loss": loss_sum, "grad_norm": float(grad_norm), **step_metrics(rollouts, cells, full, train_logprobs, spec), **moe}
+        return {"loss": loss_sum, "grad_norm": float(grad_norm), **step_metrics(rollouts, cells, full, train_logprobs, spec),
+                **gradient_shares(rollouts, cells, weights), **moe}  # fmt: skip
 
-    def micro_batch_loss(self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MOPD loss averaged over the micro-batch's tokens, the trainer's log-probs [B, T])."""
+    def micro_batch_loss(
+        self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor, row_weights: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the micro-batch's MOPD loss, the trainer's log-probs [B, T]). `row_weights` [B]: each row's
+        per-token weight in the step's loss (`token_weights`); None: the mean over the micro-batch's tokens."""
         spec = self.spec
+        weights = None if row_weights is None else batch.mask * row_weights.to(batch.mask.device)[:, None]
         logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         reference = reference_full = None
@@ -113,7 +118,7 @@ class Student:
         loss_args = dict(
             importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
             orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
-            reference_logprobs=reference, reward_scale=spec.reward_scale,
+            reference_logprobs=reference, reward_scale=spec.reward_scale, token_weights=weights,
         )  # fmt: skip
         if not spec.full_vocab_kl:
             return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
@@ -123,7 +128,7 @@ class Student:
             teacher_full = extrapolated_teacher(teacher_full, reference_full, spec.reward_scale)
         outcome_args = loss_args | {"reference_logprobs": None, "reward_scale": 1.0}  # a zero KL advantage
         outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **outcome_args)
-        return full_vocab_reverse_kl(logits, teacher_full, batch.mask) + outcome_only.loss, train_logprobs
+        return full_vocab_reverse_kl(logits, teacher_full, batch.mask, weights) + outcome_only.loss, train_logprobs
 
     @staticmethod
     def completion_logits(model, batch: Batch) -> torch.Tensor:
@@ -167,6 +172,31 @@ def pad_stack(rows: list[torch.Tensor], length: int, dtype=torch.float32) -> tor
     out = torch.zeros((len(rows), length, *rows[0].shape[1:]), dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
+    return out
+
+
+def token_weights(rollouts: list[Rollout], cells: list[str], balance: bool) -> torch.Tensor:
+    """Each rollout's per-token weight in the step's loss [B]; over the step's generated tokens they sum to 1.
+
+    Unbalanced, every token weighs alike (1 / the step's tokens), so a cell's share of the gradient is its
+    share of the tokens: long agent episodes outweigh short sums. Balanced (`distill.balance_tokens`), a
+    cell's tokens share its share of the step's rollouts: (rollouts of the cell / rollouts) / tokens of the cell.
+    """
+    tokens = [float(sum(r.loss_mask)) for r in rollouts]
+    if not balance:
+        return torch.full((len(rollouts),), 1.0 / max(sum(tokens), 1.0))
+    cell_tokens: dict[str, float] = {}
+    for cell, n in zip(cells, tokens):
+        cell_tokens[cell] = cell_tokens.get(cell, 0.0) + n
+    return torch.tensor([cells.count(cell) / len(cells) / max(cell_tokens[cell], 1.0) for cell in cells])
+
+
+def gradient_shares(rollouts: list[Rollout], cells: list[str], weights: torch.Tensor) -> dict[str, float]:
+    """`<cell>/gradient_share`: the cell's share of the step's loss weight (of its gradient tokens)."""
+    out: dict[str, float] = {}
+    for rollout, cell, weight in zip(rollouts, cells, weights.tolist()):
+        key = f"{cell}/gradient_share"
+        out[key] = out.get(key, 0.0) + weight * sum(rollout.loss_mask)
     return out
 
 

@@ -2,7 +2,7 @@
 
     check routes        every cell of the mix has a teacher sharing the student's tokenizer
     for each step:
-        tasks    ← cells drawn by the mix weights, a task from each cell's environment
+        tasks    ← cells by the allocation (the mix, or the student's gap to each teacher), a task from each cell's environment
         rollouts ← run_rollouts(student engine, temperature 1)      token ids + sampler log-probs
         scores   ← each rollout's teacher scores its exact token ids  (prefill only)
         loss     ← mopd_loss(trainer's recomputed log πθ, sampler log-probs, teacher log-probs)
@@ -14,14 +14,17 @@ With `distill.max_staleness` ≥ 1 sampling runs one step off (`mopd.distill.asy
 step n scores and trains, a background thread samples step n+1 from the weights before step n's
 update, so those rollouts lag one policy version (the first step after a start or resume has no
 batch in flight and lags 0). The importance weights (`distill.importance`, IcePop/TIS) correct that
-gap, on every token of the sampled-token loss (`full_vocab_kl: false`); with the exact full-vocabulary
+gap, on every token of the sampled-token loss (`full_vocab_kl: false`), whose advantage log πT − log πθ
+takes log πθ from this step's forward of the current student, never the sampler's (a lagged sample is
+rescored; its teacher's scores are kept); with the exact full-vocabulary
 KL (`full_vocab_kl: true`) the KL term is computed under the trainer's policy and the importance
 weights touch only the ORM term. Each step logs `lag/<k>` (rollouts k versions behind the trainer)
 and `is_out_of_bounds` (the share of tokens IcePop masks). `max_staleness: 0` is the synchronous loop.
 
 The stage (`run_distill`) reads the base and the nine teachers of a recipe run and writes the
 student to `<run>/distill/model`, with `metrics.jsonl`, `checkpoints/` and `trained_on.txt` (the
-content keys of every step's prompts, updated before the step runs) beside it. With
+content keys of every step's prompts, updated before the step runs) and `allocation.png` (each step's
+share of prompts per cell, `mopd.distill.allocation`) beside it. With
 `distill.trainer_workers` > 1 the student trains sharded with FSDP2 across Ray workers
 (`mopd.distill.sharded`): the same step, the same checkpoints.
 """
@@ -40,6 +43,7 @@ from tqdm import tqdm
 
 from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot, read_json, write_json_atomic
 from mopd.compute import checkpoint_active_parameters, cpu_seconds, steps_compute
+from mopd.distill.allocation import Allocation, step_allocation, write_allocation_plot
 from mopd.distill.async_rollouts import RolloutProducer
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool
@@ -151,10 +155,11 @@ def train_mopd(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
         ray_address=ray_address, max_resident=spec.max_resident_teachers,
     )  # fmt: skip
-    source = task_source(table, spec, seed, env_options or {}, tasks)
-    envs = envs_for(table, env_options or {}, tasks)
     log = MetricsLog(out_dir / "metrics.jsonl")
     log.resume_after(start_step)
+    allocation = Allocation(table, spec, log.records())
+    source = task_source(table, spec, seed, env_options or {}, tasks, allocation)
+    envs = envs_for(table, env_options or {}, tasks)
     trained_on = (read_trained_on(out_dir) or set()) if start_step else set()
     trained_text = (read_trained_on(out_dir, TRAINED_TEXT) or set()) if start_step else set()
 
@@ -176,6 +181,7 @@ def train_mopd(
         for step in range(start_step + 1, spec.steps + 1):
             metrics = mopd_step(step, student, engine, teachers, producer, spec, version_offset=start_step)
             log.log(step, **metrics)
+            allocation.observe(step, metrics)
             bar.update(1)
             bar.set_postfix(kl=f"{metrics['reverse_kl']:.3f}", reward=f"{metrics['reward']:.2f}")
             if step % spec.checkpoint_every == 0 or step == spec.steps:
@@ -192,6 +198,8 @@ def train_mopd(
     final = out_dir / "model"
     with atomic_dir(final) as tmp:
         student.save(tmp)
+    if spec.steps:
+        write_allocation_plot(log.records(), list(table.weights), out_dir / "allocation.png")
     return final
 
 
@@ -228,6 +236,7 @@ def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, 
         "teacher_tokens_per_s": metrics["tokens"] / max(phases["score"], 1e-9),
         "policy_version": version_offset + min(r.policy_version for r in rollouts),
         **{f"lag/{lag}": lags.count(lag) for lag in range(max(lags) + 1)},
+        **step_allocation(cells, [cell for cell, weight in spec.mix.items() if weight > 0]),
     }
 
 
@@ -252,18 +261,22 @@ def check_staleness(rollouts: list[Rollout], current_version: int, max_staleness
 
 
 # ----------------------------------------------------------------------------- prompts
-def task_source(table: RouteTable, spec: DistillSpec, seed: int, env_options, tasks: list[Task] | None) -> TaskSource:
-    """The prompts of each step: a fixed task list cycled, or cells drawn by the mix weights."""
+def task_source(
+    table: RouteTable, spec: DistillSpec, seed: int, env_options, tasks: list[Task] | None,
+    allocation: Allocation | None = None,
+) -> TaskSource:
+    """The prompts of each step: a fixed task list cycled, or cells drawn by the allocation (default: the mix's)."""
     if tasks is not None:
         if not tasks:
             raise ValueError("distill: the task list is empty")
         return lambda step: [tasks[(step * spec.prompts_per_step + i) % len(tasks)] for i in range(spec.prompts_per_step)]
     domains = {cell.split("-")[0] for cell in table.routes}
     envs = {domain: get_env(domain, **env_options.get(domain, {})) for domain in domains}
+    allocation = allocation or Allocation(table, spec)
 
     def draw(step: int) -> list[Task]:
         rng = random.Random(seed * 1_000_003 + step)
-        cells = table.sample_cells(spec.prompts_per_step, rng)
+        cells = allocation.cells(step, rng)
         out = []
         for cell in sorted(set(cells)):
             domain, effort = cell.split("-")
