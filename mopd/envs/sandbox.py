@@ -316,3 +316,21 @@ def bwrap_problem(python: str) -> str | None:
     if result.stdout.strip() == "sandbox-ok":
         return None
     return f"probe exited {result.returncode} ({result.status}): {result.stderr.strip()[:300]}"
+
+
+class SandboxOwner:
+    """An env that judges programs in a sandbox pool started at its first program (`sandbox_options`:
+    `Sandbox`'s arguments) and closed with the env."""
+
+    sandbox_options: dict
+    _sandbox: Sandbox | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(**self.sandbox_options)
+        return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()

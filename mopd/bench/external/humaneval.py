@@ -21,7 +21,7 @@ from mopd.bench.external import answer_of
 from mopd.bench.external.sources import humaneval_problems
 from mopd.envs.base import EFFORTS, Task, Verdict
 from mopd.envs.code.verify import FENCED
-from mopd.envs.sandbox import Limits, Program, RunResult, Sandbox
+from mopd.envs.sandbox import Limits, Program, RunResult, SandboxOwner
 from mopd.envs.splits import content_hash
 
 LIMITS = Limits(cpu_s=5, wall_s=10.0)
@@ -41,18 +41,11 @@ sys.stdout.flush()
 """
 
 
-class HumanEvalEnv:
+class HumanEvalEnv(SandboxOwner):
     domain = "humaneval"
 
     def __init__(self, workers: int = 4, allow_degraded: bool = False, limits: Limits | None = None):
         self.sandbox_options = {"workers": workers, "limits": limits or LIMITS, "allow_degraded": allow_degraded}
-        self._sandbox: Sandbox | None = None
-
-    @property
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            self._sandbox = Sandbox(**self.sandbox_options)
-        return self._sandbox
 
     def tasks(self, effort: str, limit: int | None = None) -> list[Task]:
         """The problems in the file's order (the first `limit`), each asked at `effort`."""
@@ -77,10 +70,6 @@ class HumanEvalEnv:
         for i, result in zip(jobs, self.sandbox.run_many(list(jobs.values()))):
             verdicts[i] = judge(result, nonces[i], self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
 
 
 def task_of(problem: dict, effort: str) -> Task:

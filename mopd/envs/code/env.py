@@ -21,7 +21,7 @@ from mopd.envs.code.function import (
 )
 from mopd.envs.code.harness import harness_program, read_cases
 from mopd.envs.code.verify import check_code_meta, extract_code, failures, score
-from mopd.envs.sandbox import Limits, RunResult, Sandbox
+from mopd.envs.sandbox import Limits, RunResult, SandboxOwner
 from mopd.envs.splits import check_split, content_hash, split_of, trainable
 
 MAX_DRAWS = 1000
@@ -46,7 +46,7 @@ class Attempts:
         return next((t["content"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
 
 
-class CodeEnv:
+class CodeEnv(SandboxOwner):
     domain = "code"
 
     def __init__(
@@ -91,13 +91,6 @@ class CodeEnv:
         self.sandbox_options = {
             "workers": workers, "limits": limits, "backend": backend, "allow_degraded": allow_degraded
         }
-        self._sandbox: Sandbox | None = None
-
-    @property
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            self._sandbox = Sandbox(**self.sandbox_options)
-        return self._sandbox
 
     # ------------------------------------------------------------------------------ sampling
     def sample(self, n: int, seed: int, split: str = "train", effort: str = "high") -> list[Task]:
@@ -275,7 +268,3 @@ class CodeEnv:
         nonces = [secrets.token_hex(16) for _ in jobs]
         programs = [harness_program(code, task, nonce) for (code, task), nonce in zip(jobs, nonces)]
         return list(zip(self.sandbox.run_many(programs), nonces))
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
