@@ -163,6 +163,9 @@ class DistillSpec(Strict):
     orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
     max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind; 0: synchronous, ≥ 1: the next step samples while this one trains (one step off, lag ≤ 1); a staler sample is an error")
+    rescore: bool = Field(
+        True, description="the sampled-token advantage log πT − log πθ takes log πθ from this step's forward of the current student; false: the sampler's log-probs recorded when the sample was drawn (stale by the sample's lag; kept to measure rescoring)"
+    )
     micro_batch_tokens: int | None = Field(
         None, gt=0, description="padded tokens per train micro-batch, rollouts sorted by length; null: one batch"
     )
@@ -202,6 +205,12 @@ class DistillSpec(Strict):
                 f"allocation_floor: {self.allocation_floor} prompts for each of the mix's {cells} cells is more than "
                 f"prompts_per_step ({self.prompts_per_step})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _rescore_needs_sampled_tokens(self) -> DistillSpec:
+        if not self.rescore and self.full_vocab_kl:
+            raise ValueError("rescore: false needs full_vocab_kl: false (the exact KL is always taken under the current student)")
         return self
 
 

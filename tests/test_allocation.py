@@ -88,6 +88,23 @@ def test_a_lagged_samples_advantage_is_formed_under_the_current_student():
     torch.testing.assert_close(grads[0], -(teacher - current.detach()) / mask.sum())
 
 
+def test_without_rescoring_a_stale_samples_advantage_keeps_the_samplers_log_probs():
+    """`rescore: false` (kept to measure rescoring): the advantage is log πT − log π_sampler, so a sampler two
+    nats stale shifts every token's advantage by two nats."""
+    gen = torch.Generator().manual_seed(0)
+    current = (-torch.rand(3, 6, generator=gen)).requires_grad_()
+    teacher, mask = -torch.rand(3, 6, generator=gen), torch.ones(3, 6)
+    stale = current.detach() - 2.0
+    mopd_loss(current, stale, teacher, mask, importance="none", rescore=False).loss.backward()
+    torch.testing.assert_close(current.grad, -(teacher - stale) / mask.sum())
+
+
+def test_rescore_false_is_refused_with_the_exact_kl_naming_both_fields():
+    with pytest.raises(ValidationError, match=r"rescore: false needs full_vocab_kl: false"):
+        DistillSpec(rescore=False, full_vocab_kl=True)
+    DistillSpec(rescore=False, full_vocab_kl=False)
+
+
 # ----------------------------------------------------------------------------- allocation
 CELLS3 = ["general-low", "code-high", "agent-max"]
 GAPS = {"general-low": 0.0, "code-high": 0.2, "agent-max": 0.6}

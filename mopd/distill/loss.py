@@ -70,15 +70,18 @@ def mopd_loss(
     reference_logprobs: torch.Tensor | None = None,
     reward_scale: float = 1.0,
     token_weights: torch.Tensor | None = None,
+    rescore: bool = True,
 ) -> LossOutput:
     """REINFORCE on the reverse-KL advantage; all tensors [B, T] over completion tokens.
 
     `mask` is 1 on tokens the student generated (observation and padding tokens are 0);
     `orm_advantages` is one value per sequence [B] (e.g. group-normalised verifier rewards);
-    `token_weights` [B, T] is each token's weight in the loss (None: the mean over `mask`).
+    `token_weights` [B, T] is each token's weight in the loss (None: the mean over `mask`);
+    `rescore` False forms the advantage from the sampler's log-probs instead of the trainer's.
     """
     mask = mask.to(train_logprobs.dtype)
-    advantage = reverse_kl_advantage(teacher_logprobs, train_logprobs, reference_logprobs, reward_scale)
+    advantage_student = train_logprobs if rescore else rollout_logprobs
+    advantage = reverse_kl_advantage(teacher_logprobs, advantage_student, reference_logprobs, reward_scale)
     if orm_advantages is not None and orm_alpha:
         advantage = advantage + orm_alpha * orm_advantages[:, None]
     weights, out_of_bounds = importance_weights(train_logprobs, rollout_logprobs, importance, low, high)

@@ -118,7 +118,7 @@ class Student:
         loss_args = dict(
             importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
             orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
-            reference_logprobs=reference, reward_scale=spec.reward_scale, token_weights=weights,
+            reference_logprobs=reference, reward_scale=spec.reward_scale, token_weights=weights, rescore=spec.rescore,
         )  # fmt: skip
         if not spec.full_vocab_kl:
             return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs

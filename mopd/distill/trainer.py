@@ -15,8 +15,8 @@ step n scores and trains, a background thread samples step n+1 from the weights 
 update, so those rollouts lag one policy version (the first step after a start or resume has no
 batch in flight and lags 0). The importance weights (`distill.importance`, IcePop/TIS) correct that
 gap, on every token of the sampled-token loss (`full_vocab_kl: false`), whose advantage log πT − log πθ
-takes log πθ from this step's forward of the current student, never the sampler's (a lagged sample is
-rescored; its teacher's scores are kept); with the exact full-vocabulary
+takes log πθ from this step's forward of the current student, not the sampler's (a lagged sample is
+rescored; its teacher's scores are kept; `distill.rescore: false` keeps the sampler's, to measure it); with the exact full-vocabulary
 KL (`full_vocab_kl: true`) the KL term is computed under the trainer's policy and the importance
 weights touch only the ORM term. Each step logs `lag/<k>` (rollouts k versions behind the trainer)
 and `is_out_of_bounds` (the share of tokens IcePop masks). `max_staleness: 0` is the synchronous loop.
