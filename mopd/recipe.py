@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mopd.envs import check_env_options
 from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.effort import EffortSpec, default_effort_specs
+from mopd.model.config import PRESETS, K3HybridConfig
 
 CELLS: tuple[str, ...] = tuple(f"{d}-{e}" for d in DOMAINS for e in EFFORTS)
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,6 +297,9 @@ class Recipe(Strict):
     runs_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     rollout: Literal["vllm", "hf"] = "vllm"
+    max_model_len: int = Field(
+        2048, gt=0, description="tokens a rollout engine holds per sequence: the prompt and, in an agent episode, every turn so far; each effort's turn must fit with a prompt"
+    )
     ray: RaySpec = Field(default_factory=RaySpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     efforts: dict[Literal["low", "high", "max"], EffortSpec] = Field(default_factory=default_effort_specs)
@@ -320,6 +324,29 @@ class Recipe(Strict):
         missing = [e for e in EFFORTS if e not in self.efforts]
         if missing:
             raise ValueError(f"efforts: missing {missing}; each of {list(EFFORTS)} needs a budget")
+        return self
+
+    @model_validator(mode="after")
+    def _every_turn_fits_the_engine(self) -> Recipe:
+        for effort, spec in self.efforts.items():
+            if spec.max_new_tokens >= self.max_model_len:
+                raise ValueError(
+                    f"efforts.{effort}: a turn of {spec.max_new_tokens} tokens ({spec.budget_tokens} thinking + "
+                    f"{spec.answer_tokens} answer + 2 tags) leaves no room for a prompt in max_model_len "
+                    f"{self.max_model_len}; raise max_model_len"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _the_model_holds_the_engines_length(self) -> Recipe:
+        if self.base.checkpoint is None and self.model.preset in PRESETS:
+            positions = {**PRESETS[self.model.preset], **self.model.overrides}.get("max_position_embeddings")
+            positions = positions or K3HybridConfig().max_position_embeddings
+            if positions < self.max_model_len:
+                raise ValueError(
+                    f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {positions} "
+                    f"(preset {self.model.preset!r}); raise model.overrides.max_position_embeddings"
+                )
         return self
 
     @model_validator(mode="after")

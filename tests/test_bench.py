@@ -49,6 +49,7 @@ from mopd.rl.grpo import teacher_env, teacher_tasks
 from mopd.rollout import engine_cache
 from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout
+from mopd.rollout.interface import PromptTooLongError
 
 TINY_BUDGETS = {
     "low": {"budget_tokens": 4, "answer_tokens": 4},
@@ -353,6 +354,14 @@ def test_a_checkpoint_saved_with_use_cache_off_is_swapped_in_not_restarted(check
         engine = cache.load(Path(path))
     assert starts == [checkpoints[0]]
     assert torch.equal(engine.model.lm_head.weight, K3HybridForCausalLM.from_pretrained(teacher).lm_head.weight)
+
+
+def test_the_engines_hold_the_recipes_max_model_len(checkpoints, suite_file):
+    """The recipe's `max_model_len` reaches the bench's engine: a prompt with a max-effort turn (18 tokens) fits 2,048
+    but not 20, and the refusal names the recipe's length."""
+    short = Recipe(name="unit", efforts=TINY_BUDGETS, max_model_len=20)
+    with pytest.raises(PromptTooLongError, match="exceeds max_model_len 20"):
+        run_bench([checkpoints[0]], suite=suite_file, backend="hf", recipe=short, progress=False)
 
 
 def scores(report: dict, model: str) -> list[tuple]:

@@ -36,8 +36,13 @@ def test_shipped_recipes_validate(recipe, capsys):
         ("name: x\ndistill: {steps: many}\n", "field `distill.steps`"),
         ("name: x\nteachers: {overrides: {code-maxx: {steps: 1}}}\n", "unknown teacher cell 'code-maxx'"),
         ("seed: 1\n", "field `name`: Field required"),
+        (
+            "name: x\nefforts: {low: {budget_tokens: 16}, high: {budget_tokens: 96}, max: {budget_tokens: 4096}}\n",
+            "efforts.max: a turn of 4162 tokens (4096 thinking + 64 answer + 2 tags) leaves no room for a prompt in max_model_len 2048",
+        ),
+        ("name: x\nmax_model_len: 9000\n", "max_model_len 9000 exceeds the model's max_position_embeddings 8192 (preset 'tiny')"),
     ],
-    ids=["empty", "bad-yaml", "list", "unknown-key", "wrong-type", "unknown-cell", "missing-name"],
+    ids=["empty", "bad-yaml", "list", "unknown-key", "wrong-type", "unknown-cell", "missing-name", "turn-too-long", "positions"],
 )
 def test_bad_recipes_get_one_clear_error(tmp_path, capsys, text, expected):
     bad = tmp_path / "bad.yaml"

@@ -56,7 +56,7 @@ def test_pair_command_distils_on_train_rows_and_reports_held_out_rewards(cell, c
     root, data, base, teacher, held_out_keys = cell
     backends = []
     create_engine = mopd.distill.trainer.create_engine
-    monkeypatch.setattr(mopd.distill.trainer, "create_engine", lambda path, backend: backends.append(backend) or create_engine(path, backend))
+    monkeypatch.setattr(mopd.distill.trainer, "create_engine", lambda path, backend, **kw: backends.append(backend) or create_engine(path, backend, **kw))
     out = root / "student"
     argv = ["distill", "--teacher", str(teacher), "--student", str(base), "--out", str(out), "--data", str(data),
             "--verifier", "general", "--steps", str(STEPS), "--prompts-per-step", "32", "--learning-rate", "1e-3"]  # fmt: skip

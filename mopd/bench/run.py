@@ -397,7 +397,7 @@ def evaluate(
 
         if workers == 1 or len(jobs) < 2:
             metrics = []
-            worker = CellWorker(suite, budgets, backend, envs=envs)
+            worker = CellWorker(suite, budgets, backend, envs=envs, max_model_len=(recipe or Recipe(name="bench")).max_model_len)
             for ref, cell in jobs:
                 bar.update(task, description=f"{ref.name}: {cell.name}")
                 metrics.append(worker.run(ref, cell, lambda k: bar.advance(task, k)))
@@ -414,14 +414,17 @@ def evaluate(
 class CellWorker:
     """Answers (model, cell) jobs with one engine, swapping weights between models (`EngineCache`)."""
 
-    def __init__(self, suite: Suite, budgets, backend: str, envs=None, env_options=None, threads: int | None = None):
+    def __init__(
+        self, suite: Suite, budgets, backend: str, envs=None, env_options=None, threads: int | None = None,
+        max_model_len: int = 2048,
+    ):  # fmt: skip
         if threads is not None:
             torch.set_num_threads(threads)
         self.suite, self.budgets, self.owns_envs = suite, budgets, envs is None
         self.envs = envs if envs is not None else {
             domain: make_env(suite, domain, (env_options or {}).get(domain)) for domain in suite.domains
         }  # fmt: skip
-        self.engines = EngineCache(backend)
+        self.engines = EngineCache(backend, max_model_len=max_model_len)
         self.tokenizers: dict[Path, Any] = {}
 
     def run(self, ref: ModelRef, cell: Cell, advance=None) -> dict:
@@ -462,7 +465,8 @@ def run_on_workers(
     try:
         count = min(workers, slots([resources]), len(jobs))
         actor = ray.remote(CellWorker).options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus)
-        actors = [actor.remote(*worker_args, threads=max(1, int(resources.num_cpus))) for _ in range(count)]
+        threads = max(1, int(resources.num_cpus))
+        actors = [actor.remote(*worker_args, threads=threads, max_model_len=recipe.max_model_len) for _ in range(count)]
         idle, running, metrics = list(actors), {}, {}
         bar.update(task, description=f"{count} workers")
 

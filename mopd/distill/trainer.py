@@ -72,7 +72,7 @@ def run_distill(ctx) -> dict:
     final = train_mopd(
         student, teachers, spec, ctx.dir,
         efforts=recipe.efforts, env_options={d: recipe.env_options(d) for d in DOMAINS}, backend=recipe.rollout,
-        seed=recipe.seed, device=recipe.device, ray_address=recipe.ray.address,
+        seed=recipe.seed, device=recipe.device, ray_address=recipe.ray.address, max_model_len=recipe.max_model_len,
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
@@ -140,8 +140,10 @@ def train_mopd(
     device: str = "auto",
     ray_address: str | None = None,
     progress: bool = True,
+    max_model_len: int = 2048,
 ) -> Path:
-    """Distil the teachers into the student; returns the final student checkpoint (`out_dir/model`)."""
+    """Distil the teachers into the student; returns the final student checkpoint (`out_dir/model`).
+    `max_model_len`: the sampling engine's tokens per sequence (the recipe's)."""
     out_dir = Path(out_dir)
     table = build_route_table(spec.mix, dict(teacher_dirs))
     check_teachers(table, student_dir)
@@ -149,7 +151,7 @@ def train_mopd(
     start_step, start_dir = last_checkpoint(out_dir)
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
-    engine = create_engine(start_dir or student_dir, backend=backend)
+    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len)
     teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,

@@ -18,7 +18,7 @@ from mopd.rollout.episodes import run_rollouts
 def evaluate_cell(model_dir: Path, spec, recipe, env, effort, backend: str) -> dict[str, float]:
     """Mean shaped reward, pass rate and token counts on the cell's dev split (sampled at the spec's temperature)."""
     tasks = env.sample(spec.eval_tasks, recipe.seed, "dev", spec.effort)
-    engine = create_engine(model_dir, backend=backend)
+    engine = create_engine(model_dir, backend=backend, max_model_len=recipe.max_model_len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     groups = run_rollouts(
         engine,

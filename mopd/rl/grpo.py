@@ -79,7 +79,7 @@ def train_grpo(
     after a step where it returns True (metrics.jsonl's records so far). `curve_every`: keep the policy
     every that many steps in `curve/step-N/` (the `curves` stage scores them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(init_dir, backend=backend or recipe.rollout)
+    engine = create_engine(init_dir, backend=backend or recipe.rollout, max_model_len=recipe.max_model_len)
     try:
         return grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, trainer_class, stop, curve_every)
     finally:
@@ -94,7 +94,7 @@ def grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, tra
     write_trained_on(out_dir, prompt_contents(tasks), TRAINED_TEXT)
     rollouts = GroupRollouts(
         engine=engine,
-        reference=create_engine(init_dir, backend="hf"),
+        reference=create_engine(init_dir, backend="hf", max_model_len=recipe.max_model_len),
         tokenizer=tokenizer,
         envs=envs,
         efforts=efforts,

@@ -17,8 +17,8 @@ class EngineCache:
     is swapped in with `update_weights` (a run's base, teachers and student all are): starting a vLLM
     engine costs far more than copying a tiny model's weights."""
 
-    def __init__(self, backend: str):
-        self.backend, self.engine, self.signature = backend, None, None
+    def __init__(self, backend: str, **engine_kwargs):
+        self.backend, self.engine_kwargs, self.engine, self.signature = backend, engine_kwargs, None, None
 
     def load(self, path: Path):
         signature = checkpoint_signature(path)
@@ -29,7 +29,7 @@ class EngineCache:
             self.engine.close()
         self.engine = None
         gc.collect()
-        self.engine, self.signature = create_engine(path, backend=self.backend), signature
+        self.engine, self.signature = create_engine(path, backend=self.backend, **self.engine_kwargs), signature
         return self.engine
 
 
