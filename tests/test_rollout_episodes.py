@@ -19,10 +19,11 @@ class ScriptedEngine:
     policy_version = 3
 
     def __init__(self, tokenizer, scripts):
-        self.tokenizer, self.scripts, self.calls = tokenizer, scripts, []
+        self.tokenizer, self.scripts, self.calls, self.contexts = tokenizer, scripts, [], []
 
     def generate(self, prompt_ids, n=1, sampling=None):
         self.calls.append(sampling)
+        self.contexts.append([len(ids) for ids in prompt_ids])
         out = []
         for ids in prompt_ids:
             text = self.tokenizer.decode(ids)
@@ -71,6 +72,25 @@ def test_agent_observations_are_masked_and_carry_no_logprobs(tiny_tokenizer):
     assert all(lp == 0.0 for lp, m in zip(rollout.logprobs, rollout.loss_mask) if not m)
     observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask) if not m])
     assert rollout.turns[1]["content"] in observed
+
+
+def test_an_episode_whose_next_turn_cannot_fit_the_engine_ends_truncated_and_is_verified(tiny_tokenizer):
+    """The engine's `max_model_len` bounds an agent episode: a second turn goes ahead when context + a whole max-effort
+    turn fits, and otherwise the episode ends after its first turn, truncated, with a verdict (no error mid-stage)."""
+    env = get_env("agent")
+    task = env.sample(1, seed=1, split="train", effort="max")[0]
+    efforts = default_effort_specs()
+    unbounded = ScriptedEngine(tiny_tokenizer, {task.prompt: expert_turns(env, task)})
+    run_rollouts(unbounded, tiny_tokenizer, {"agent": env}, [task], efforts)
+    second_context = unbounded.contexts[1][0]
+    room = second_context + efforts["max"].max_new_tokens
+    for max_model_len, calls in ((room, len(unbounded.calls)), (room - 1, 1)):
+        engine = ScriptedEngine(tiny_tokenizer, {task.prompt: expert_turns(env, task)})
+        engine.max_model_len = max_model_len
+        (rollout,) = run_rollouts(engine, tiny_tokenizer, {"agent": env}, [task], efforts)[0]
+        assert len(engine.calls) == calls
+        assert rollout.truncated == (calls == 1) and rollout.verdict is not None
+    assert rollout.reward < 1.0  # one turn of the expert's several does not finish the task
 
 
 def test_budgets_and_shaping_follow_the_effort_protocol(tiny_tokenizer):

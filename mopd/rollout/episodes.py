@@ -38,7 +38,7 @@ class Rollout:
     answer_tokens: int = 0
     closed_think: bool = False
     over_budget: bool = False
-    truncated: bool = False  # a turn hit its token limit
+    truncated: bool = False  # a turn hit its token limit, or the episode's next turn did not fit the engine
 
     @property
     def completion(self) -> str:
@@ -79,6 +79,7 @@ def run_rollouts(
         for rollout, (sample,) in zip(active, samples):
             append_assistant_turn(rollout, sample, chat)
         active = observe([r for r in active if id(r) in states], envs, states, chat)
+        active = end_episodes_without_room(active, efforts, getattr(engine, "max_model_len", None))
         if not active:
             break
     for env, batch in by_domain(flat, envs):
@@ -101,6 +102,19 @@ def append_assistant_turn(rollout: Rollout, sample: Any, chat: ChatFormat) -> No
     text = chat.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
     rollout.turns.append({"role": "assistant", "content": text})
     rollout.turn_ids.append(list(sample.token_ids))
+
+
+def end_episodes_without_room(rollouts: list[Rollout], efforts: Mapping[str, EffortSpec], max_model_len: int | None) -> list[Rollout]:
+    """An episode whose context leaves no room for a whole next turn within the engine's `max_model_len` ends
+    there, truncated, and is verified as it stands (a first prompt that does not fit is the caller's error)."""
+    going = []
+    for rollout in rollouts:
+        context = len(rollout.prompt_ids) + len(rollout.token_ids)
+        if max_model_len is None or context + efforts[rollout.task.effort].max_new_tokens <= max_model_len:
+            going.append(rollout)
+        else:
+            rollout.truncated = True
+    return going
 
 
 def by_domain(rollouts: list[Rollout], envs: Mapping[str, Any]) -> list[tuple[Any, list[Rollout]]]:
