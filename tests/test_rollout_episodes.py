@@ -76,7 +76,8 @@ def test_agent_observations_are_masked_and_carry_no_logprobs(tiny_tokenizer):
 
 def test_an_episode_whose_next_turn_cannot_fit_the_engine_ends_truncated_and_is_verified(tiny_tokenizer):
     """The engine's `max_model_len` bounds an agent episode: a second turn goes ahead when context + a whole max-effort
-    turn fits, and otherwise the episode ends after its first turn, truncated, with a verdict (no error mid-stage)."""
+    turn fits, and otherwise the episode ends after its first turn, truncated, with a verdict (no error mid-stage) and
+    without the observation that left no room."""
     env = get_env("agent")
     task = env.sample(1, seed=1, split="train", effort="max")[0]
     efforts = default_effort_specs()
@@ -90,6 +91,8 @@ def test_an_episode_whose_next_turn_cannot_fit_the_engine_ends_truncated_and_is_
         (rollout,) = run_rollouts(engine, tiny_tokenizer, {"agent": env}, [task], efforts)[0]
         assert len(engine.calls) == calls
         assert rollout.truncated == (calls == 1) and rollout.verdict is not None
+    assert [t["role"] for t in rollout.turns] == ["assistant"]  # the observation that left no room is not kept
+    assert len(rollout.token_ids) == len(tiny_tokenizer.encode(rollout.turns[0]["content"] + END, add_special_tokens=False))
     assert rollout.reward < 1.0  # one turn of the expert's several does not finish the task
 
 

@@ -66,7 +66,7 @@ def run_rollouts(
     ]
     flat = [r for group in rollouts for r in group]
     states = {id(r): envs[r.task.domain].reset(r.task) for r in flat if is_multi_turn(envs[r.task.domain])}
-    active = flat
+    active, room = flat, Room(efforts, getattr(engine, "max_model_len", None))
     for turn in range(max_turns):
         sampling = Sampling(
             temperature=temperature,
@@ -78,8 +78,7 @@ def run_rollouts(
         samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
         for rollout, (sample,) in zip(active, samples):
             append_assistant_turn(rollout, sample, chat)
-        active = observe([r for r in active if id(r) in states], envs, states, chat)
-        active = end_episodes_without_room(active, efforts, getattr(engine, "max_model_len", None))
+        active = observe([r for r in active if id(r) in states], envs, states, chat, room)
         if not active:
             break
     for env, batch in by_domain(flat, envs):
@@ -104,37 +103,47 @@ def append_assistant_turn(rollout: Rollout, sample: Any, chat: ChatFormat) -> No
     rollout.turn_ids.append(list(sample.token_ids))
 
 
-def end_episodes_without_room(rollouts: list[Rollout], efforts: Mapping[str, EffortSpec], max_model_len: int | None) -> list[Rollout]:
-    """An episode whose context leaves no room for a whole next turn within the engine's `max_model_len` ends
-    there, truncated, and is verified as it stands (a first prompt that does not fit is the caller's error)."""
-    going = []
-    for rollout in rollouts:
-        context = len(rollout.prompt_ids) + len(rollout.token_ids)
-        if max_model_len is None or context + efforts[rollout.task.effort].max_new_tokens <= max_model_len:
-            going.append(rollout)
-        else:
-            rollout.truncated = True
-    return going
-
-
 def by_domain(rollouts: list[Rollout], envs: Mapping[str, Any]) -> list[tuple[Any, list[Rollout]]]:
     domains = dict.fromkeys(r.task.domain for r in rollouts)
     return [(envs[domain], [r for r in rollouts if r.task.domain == domain]) for domain in domains]
 
 
-def observe(rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, Any], chat: ChatFormat) -> list[Rollout]:
+def observe(
+    rollouts: list[Rollout], envs: Mapping[str, Any], states: dict[int, Any], chat: ChatFormat, room: Room
+) -> list[Rollout]:
     """Let the environments act on the last assistant turns; return the rollouts whose episodes go on.
 
-    A turn cut at its token limit ends the episode. Each domain steps its rollouts as one batch.
+    A turn cut at its token limit ends the episode; so does an observation after which a whole next turn would
+    not fit the engine (truncated, the observation left out, verified as it stands). Each domain steps its
+    rollouts as one batch.
     """
     going = set()
     for env, batch in by_domain([r for r in rollouts if not r.truncated], envs):
         outcomes = step_all(env, [states[id(r)] for r in batch], [r.turns[-1]["content"] for r in batch])
         for rollout, (observation, done) in zip(batch, outcomes):
-            if not done and observation is not None:
-                append_observation(rollout, observation, chat)
+            if done or observation is None:
+                continue
+            ids = chat.observation_ids(observation, rollout.task.effort)
+            if room.for_next_turn(rollout, len(ids)):
+                append_observation(rollout, observation, ids)
                 going.add(id(rollout))
+            else:
+                rollout.truncated = True
     return [r for r in rollouts if id(r) in going]
+
+
+@dataclass
+class Room:
+    """Whether an episode's next turn fits the engine's `max_model_len` (None: the engine does not say; no limit)."""
+
+    efforts: Mapping[str, EffortSpec]
+    max_model_len: int | None
+
+    def for_next_turn(self, rollout: Rollout, observation_tokens: int) -> bool:
+        if self.max_model_len is None:
+            return True
+        context = len(rollout.prompt_ids) + len(rollout.token_ids) + observation_tokens
+        return context + self.efforts[rollout.task.effort].max_new_tokens <= self.max_model_len
 
 
 def step_all(env: Any, states: list[Any], texts: list[str]) -> list[tuple[str | None, bool]]:
@@ -149,8 +158,7 @@ def verify_all(env: Any, tasks: list[Task], attempts: list[Any]) -> list[Verdict
     return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts)]
 
 
-def append_observation(rollout: Rollout, observation: str, chat: ChatFormat) -> None:
-    ids = chat.observation_ids(observation, rollout.task.effort)
+def append_observation(rollout: Rollout, observation: str, ids: list[int]) -> None:
     rollout.token_ids += ids
     rollout.logprobs += [0.0] * len(ids)
     rollout.loss_mask += [0] * len(ids)
