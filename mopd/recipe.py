@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mopd.envs import check_env_options
 from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.effort import EffortSpec, default_effort_specs
-from mopd.model.config import PRESETS, K3HybridConfig
 
 CELLS: tuple[str, ...] = tuple(f"{d}-{e}" for d in DOMAINS for e in EFFORTS)
 ROOT = Path(__file__).resolve().parent.parent
@@ -334,18 +333,6 @@ class Recipe(Strict):
                     f"efforts.{effort}: a turn of {spec.max_new_tokens} tokens ({spec.budget_tokens} thinking + "
                     f"{spec.answer_tokens} answer + 2 tags) leaves no room for a prompt in max_model_len "
                     f"{self.max_model_len}; raise max_model_len"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _the_model_holds_the_engines_length(self) -> Recipe:
-        if self.base.checkpoint is None and self.model.preset in PRESETS:
-            positions = {**PRESETS[self.model.preset], **self.model.overrides}.get("max_position_embeddings")
-            positions = positions or K3HybridConfig().max_position_embeddings
-            if positions < self.max_model_len:
-                raise ValueError(
-                    f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings {positions} "
-                    f"(preset {self.model.preset!r}); raise model.overrides.max_position_embeddings"
                 )
         return self
 

@@ -57,17 +57,23 @@ def check_teachers(recipe: Recipe, path: str | Path, recipe_dir: Path) -> dict[s
 
 # ----------------------------------------------------------------------------- model and checkpoints
 def check_model(recipe: Recipe, path: str | Path) -> None:
-    """The base stage builds its model from the preset; a bad preset would stop it after data generation."""
+    """The base stage builds its model from the preset; a bad preset would stop it after data generation,
+    and the engines refuse a `max_model_len` beyond its positions."""
     if recipe.base.checkpoint is not None:
         return
     from mopd.model.config import preset_config
 
     try:
-        preset_config(recipe.model.preset, **recipe.model.overrides)
+        config = preset_config(recipe.model.preset, **recipe.model.overrides)
     except KeyError as err:
         raise fail(path, "model.preset", err.args[0]) from None
     except (TypeError, ValueError) as err:
         raise fail(path, "model.overrides", str(err)) from None
+    if config.max_position_embeddings < recipe.max_model_len:
+        raise fail(path, "max_model_len", (
+            f"max_model_len {recipe.max_model_len} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings} (preset {recipe.model.preset!r}); raise model.overrides.max_position_embeddings"
+        ))  # fmt: skip
 
 
 def check_checkpoints(recipe: Recipe, path: str | Path) -> None:
