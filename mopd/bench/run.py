@@ -387,6 +387,7 @@ def evaluate(
 ):
     """Each (model, cell) job's metrics, in model order: here, or on `workers` Ray actors at once."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # engine logs would break up the progress bar
+    recipe = recipe or Recipe(name="bench")
     jobs = [(ref, cell) for ref in refs for cell in cells_of(ref, cells)]
     total = sum(len(cell.tasks) * suite.samples for _, cell in jobs)
     with progress_bar(progress) as bar:
@@ -397,13 +398,12 @@ def evaluate(
 
         if workers == 1 or len(jobs) < 2:
             metrics = []
-            worker = CellWorker(suite, budgets, backend, envs=envs, max_model_len=(recipe or Recipe(name="bench")).max_model_len)
+            worker = CellWorker(suite, budgets, backend, envs=envs, max_model_len=recipe.max_model_len)
             for ref, cell in jobs:
                 bar.update(task, description=f"{ref.name}: {cell.name}")
                 metrics.append(worker.run(ref, cell, lambda k: bar.advance(task, k)))
                 finished(ref, cell, metrics[-1])
         else:
-            recipe = recipe or Recipe(name="bench")
             worker_args = (suite, budgets, backend, None, {d: env_options(suite, d, recipe) for d in suite.domains})
             metrics = run_on_workers(jobs, recipe, workers, resources or Resources(), worker_args, bar, task, finished)
     return [

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,10 +186,10 @@ def token_weights(rollouts: list[Rollout], cells: list[str], balance: bool) -> t
     tokens = [float(sum(r.loss_mask)) for r in rollouts]
     if not balance:
         return torch.full((len(rollouts),), 1.0 / max(sum(tokens), 1.0))
-    cell_tokens: dict[str, float] = {}
+    rollouts_of, tokens_of = Counter(cells), Counter()
     for cell, n in zip(cells, tokens):
-        cell_tokens[cell] = cell_tokens.get(cell, 0.0) + n
-    return torch.tensor([cells.count(cell) / len(cells) / max(cell_tokens[cell], 1.0) for cell in cells])
+        tokens_of[cell] += n
+    return torch.tensor([rollouts_of[cell] / len(cells) / max(tokens_of[cell], 1.0) for cell in cells])
 
 
 def gradient_shares(rollouts: list[Rollout], cells: list[str], weights: torch.Tensor) -> dict[str, float]:
