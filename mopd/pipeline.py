@@ -135,6 +135,7 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
     from mopd.rl.teachers import teachers_compute, train_teachers
 
     shared = {"seed": recipe.seed, "envs": recipe.envs, "efforts": recipe.model_dump(mode="json")["efforts"]}
+    sampling = {**shared, "rollout": recipe.rollout, **recipe.engine_limits()}
     specs = load_teacher_specs(recipe, recipe_dir)
     suite = resolve_path(recipe.bench.suite, recipe_dir)
 
@@ -143,42 +144,42 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
         return teachers_compute(ctx.recipe, ctx.run_dir, recipe_dir)
 
     code = stages_judging_code(recipe, specs, suite, recipe_dir)
-    baselines = baseline_stages(recipe, shared, recipe_dir, "mixed_rl" in code)
-    curves = curves_stages(recipe, shared, recipe_dir, [b.name for b in baselines], "curves" in code)
+    baselines = baseline_stages(recipe, sampling, recipe_dir, "mixed_rl" in code)
+    curves = curves_stages(recipe, sampling, recipe_dir, [b.name for b in baselines], "curves" in code)
     return [
         Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
               judges_code="base" in code),
         Stage(
             "teachers",
-            {**shared, "rollout": recipe.rollout, "specs": {c: hashed_fields(s) for c, s in specs.items()}},
+            {**sampling, "specs": {c: hashed_fields(s) for c, s in specs.items()}},
             teachers,
             needs=("base",),
             checks_own_parts=True,  # a teacher is kept or cleared by its own spec hash
             judges_code="teachers" in code,
         ),
-        Stage("distill", {**shared, "rollout": recipe.rollout, "distill": hashed_fields(recipe.distill)},
+        Stage("distill", {**sampling, "distill": hashed_fields(recipe.distill)},
               run_distill, needs=("base", "teachers"), judges_code="distill" in code),
         *baselines,
         *curves,
-        Stage("bench", {**shared, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
+        Stage("bench", {**sampling, "bench": hashed_fields(recipe.bench), "suite": suite.read_text()},
               run_bench_stage, needs=("base", "teachers", "distill", *(b.name for b in baselines)),
               judges_code="bench" in code),
     ]  # fmt: skip
 
 
-def baseline_stages(recipe: Recipe, shared: dict[str, Any], recipe_dir: Path | None, judges_code: bool) -> list[Stage]:
+def baseline_stages(recipe: Recipe, sampling: dict[str, Any], recipe_dir: Path | None, judges_code: bool) -> list[Stage]:
     """`baselines/mixed_rl` when the recipe enables it: it reads the FLOPs of teachers and distill."""
     if recipe.baselines.mixed_rl is None:
         return []
     from mopd.rl.mixed import mixed_rl_spec, run_mixed_rl
 
-    config = {**shared, "rollout": recipe.rollout, "mixed_rl": hashed_fields(mixed_rl_spec(recipe))}
+    config = {**sampling, "mixed_rl": hashed_fields(mixed_rl_spec(recipe))}
     return [Stage("baselines/mixed_rl", config, lambda ctx: run_mixed_rl(ctx, recipe_dir),
                   needs=("base", "teachers", "distill"), judges_code=judges_code)]  # fmt: skip
 
 
 def curves_stages(
-    recipe: Recipe, shared: dict[str, Any], recipe_dir: Path | None, baselines: list[str], judges_code: bool
+    recipe: Recipe, sampling: dict[str, Any], recipe_dir: Path | None, baselines: list[str], judges_code: bool
 ) -> list[Stage]:
     """`curves` when the recipe asks for learning curves: the snapshots of distill and the baselines on dev."""
     if recipe.curves is None:
@@ -186,7 +187,7 @@ def curves_stages(
     from mopd.bench.curves import check_curves_suite, run_curves_stage
 
     suite = check_curves_suite(recipe, recipe_dir)  # a test suite is refused before any stage runs
-    config = {**shared, "rollout": recipe.rollout, "curves": hashed_fields(recipe.curves), "suite": suite.read_text()}
+    config = {**sampling, "curves": hashed_fields(recipe.curves), "suite": suite.read_text()}
     return [Stage("curves", config, lambda ctx: run_curves_stage(ctx, suite),
                   needs=("base", "teachers", "distill", *baselines), judges_code=judges_code)]  # fmt: skip
 

@@ -352,6 +352,12 @@ class Recipe(Strict):
             options["allow_degraded"] = True
         return options
 
+    def engine_limits(self) -> dict[str, int]:
+        """What a stage that samples depends on in its engines beyond the backend: `max_model_len` decides where an
+        agent episode ends truncated. Left out at its default, so finished stages of earlier runs stay finished."""
+        default = type(self).model_fields["max_model_len"].default
+        return {} if self.max_model_len == default else {"max_model_len": self.max_model_len}
+
 
 # ----------------------------------------------------------------------------- loading
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -1,12 +1,15 @@
 """Stage skipping by hash, crash safety of atomic writes, and resumable metrics logs."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from mopd.artifacts import MetricsLog, atomic_dir, config_hash, current_umask, write_text_atomic
-from mopd.pipeline import Pipeline, Stage
-from mopd.recipe import Recipe
+from mopd.pipeline import Pipeline, Stage, build_stages
+from mopd.recipe import Recipe, load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def counting_stage(name, calls, config=None, needs=(), fail=False):
@@ -29,6 +32,18 @@ def test_complete_stages_are_skipped_and_changes_rerun_downstream(tmp_path):
     assert calls == ["a", "b", "a", "b"]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert set(manifest["stages"]) == {"a", "b"} and manifest["stages"]["b"]["status"] == "done"
+
+
+def test_max_model_len_reaches_the_hash_of_every_stage_that_samples():
+    """An engine's `max_model_len` decides where an agent episode ends truncated, so a stage that samples reruns when
+    it changes; base does not sample; at its default it stays out, so earlier runs keep their finished stages."""
+
+    def configs(*overrides):
+        return {s.name: s.config for s in build_stages(load_recipe(ROOT / "recipes/tiny.yaml", overrides), ROOT)}
+
+    default, explicit, longer = configs(), configs("max_model_len=2048"), configs("max_model_len=4096")
+    assert explicit == default
+    assert [n for n in default if config_hash(default[n]) != config_hash(longer[n])] == ["teachers", "distill", "bench"]
 
 
 def test_a_failed_stage_is_not_marked_complete(tmp_path):

@@ -329,6 +329,8 @@ def test_a_teacher_is_redone_when_its_spec_or_base_changes(run_dir, tmp_path):
     digest = spec_hash(spec, recipe, run_dir / "base")
     assert digest != spec_hash(spec.model_copy(update={"steps": 3}), recipe, run_dir / "base")
     assert digest != spec_hash(spec, recipe, tmp_path)  # another initial checkpoint
+    assert digest != spec_hash(spec, recipe.model_copy(update={"max_model_len": 4096}), run_dir / "base")
+    assert digest == spec_hash(spec, recipe.model_copy(update={"max_model_len": 2048}), run_dir / "base")  # default
 
     class SpecWithANewField(TeacherSpec):  # a later schema: finished teachers must stay finished
         new_knob: int = 7

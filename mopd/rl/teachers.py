@@ -95,11 +95,13 @@ def teacher_dir(run_dir: Path, cell: str) -> Path:
 
 
 def spec_hash(spec, recipe: Recipe, init: Path) -> str:
-    """What a teacher depends on: its spec, effort, env options, seed, backend and its initial weights.
+    """What a teacher depends on: its spec, effort, env options, seed, backend, engine limits and its initial weights.
 
-    Spec fields at their defaults are left out, so adding a field to the schema keeps finished teachers.
+    Spec fields and engine limits at their defaults are left out, so adding a field to the schema keeps finished
+    teachers.
     """
     weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in init.glob("*.safetensors"))
+    limits = recipe.engine_limits()
     return config_hash(
         spec.model_dump(mode="json", exclude_defaults=True),
         recipe.efforts[spec.effort].model_dump(),
@@ -108,6 +110,7 @@ def spec_hash(spec, recipe: Recipe, init: Path) -> str:
         recipe.rollout,
         str(init.resolve()),
         weights,
+        *([limits] if limits else []),
     )
 
 
