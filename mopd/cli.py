@@ -1,4 +1,4 @@
-"""The `mopd` command line: run | sweep | teachers | distill | bench | import | init-student | export | validate.
+"""The `mopd` command line: run | sweep | compare | teachers | distill | bench | import | init-student | export | validate.
 
 User mistakes (a bad recipe, a missing checkpoint) print one clear line and exit with status 2;
 tracebacks are kept for real bugs.
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--parallel", type=int, default=1, help="seeds run at once (on a Ray cluster); default 1")
     sweep.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
     sweep.set_defaults(func=cmd_sweep)
+
+    compare = sub.add_parser("compare", help="sweeps of one recipe under other settings against a reference sweep, paired per seed and task")
+    compare.add_argument("reference", help="the reference arm: a sweep directory (`mopd sweep ... --out`)")
+    compare.add_argument("arms", nargs="+", help="the other arms: sweep directories with the same seeds and suite")
+    compare.add_argument("--out", help="where compare.json, compare.md and compare.png go (default: <reference>/../compare)")
+    compare.set_defaults(func=cmd_compare)
 
     teachers = sub.add_parser("teachers", help="train the recipe's teachers (all nine, or --only a subset)")
     teachers.add_argument("recipe")
@@ -206,6 +212,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     recipe, _ = check_recipe(args.recipe, [*args.overrides, f"seed={seeds[0]}"])  # every file it names, before any run
     out = Path(args.out) if args.out else Path(recipe.runs_dir) / f"{recipe.name}-sweep"
     run_sweep(args.recipe, seeds, out, args.overrides, parallel=args.parallel)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import shlex
+
+    from mopd.bench.compare import compare, write_comparison
+
+    reference, arms = Path(args.reference), [Path(a) for a in args.arms]
+    out = Path(args.out) if args.out else reference.parent / "compare"
+    result = compare(reference, arms)
+    command = shlex.join(["mopd", "compare", args.reference, *args.arms, "--out", str(out)])
+    write_comparison(result, out, command)
+    print((out / "compare.md").read_text())
     return 0
 
 

@@ -75,12 +75,16 @@ def read_report(run: Path) -> dict[str, Any]:
 
 def check_same_suite(reports: dict[int, dict]) -> None:
     """Seeds are comparable task by task only when their benches drew the same tasks."""
-    keys = ("name", "split", "n", "seeds", "samples", "domains", "efforts")
-    suites = {seed: {k: r["suite"][k] for k in keys} for seed, r in reports.items()}
+    suites = {seed: suite_identity(r) for seed, r in reports.items()}
     first_seed, first = next(iter(suites.items()))
     for seed, suite in suites.items():
         if suite != first:
             raise BenchError(f"seed {seed}'s bench suite differs from seed {first_seed}'s: the tasks are not the same")
+
+
+def suite_identity(report: dict[str, Any]) -> dict[str, Any]:
+    """What decides which tasks a bench drew: two reports with the same identity scored the same tasks."""
+    return {k: report["suite"][k] for k in ("name", "split", "n", "seeds", "samples", "domains", "efforts")}
 
 
 def run_facts(run: Path, report: dict[str, Any]) -> dict[str, Any]:
