@@ -41,6 +41,6 @@ def write_runs(tmp_path: Path, seeds, accuracy, tokens) -> dict[int, Path]:
             (run / stage).mkdir(exist_ok=True)
             flops = {"teachers": 4e12, "distill": (1 + seed) * 1e12}.get(stage)  # MOPD ÷ teachers 0.25, 0.5, 0.75
             compute = {"compute": {"flops": flops}} if flops else {}
-            (run / stage / "stage.json").write_text(json.dumps({"seconds": seconds, **compute}))
+            (run / stage / "stage.json").write_text(json.dumps({"seconds": seconds, "hash": f"{stage}-{seed}", **compute}))
         runs[seed] = run
     return runs

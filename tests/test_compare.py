@@ -43,6 +43,18 @@ def test_an_arm_better_in_one_cell_is_above_the_reference_there_and_nowhere_else
     student_over_teacher = result["arms"]["static"]["cells"]["general-low"]["student_over_teacher"]["mean"]
     assert student_over_teacher == pytest.approx(5 / 7, abs=0.15)
     assert result["arms"]["static"]["shares"]["0"]["general-low"] == {"prompts": 0.75, "tokens": 0.25, "gradient": 0.25}
+    assert result["arms"]["better"]["other_base_or_teachers"] == []
+
+
+def test_seeds_whose_base_or_teachers_differ_from_the_references_are_named(tmp_path):
+    static = planted_arm(tmp_path, "static", dict.fromkeys(CELLS, 0.5))
+    other = planted_arm(tmp_path, "other", dict.fromkeys(CELLS, 0.5))
+    marker = other / "seed-1" / "teachers" / "stage.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "hash": "another"}))
+    result = compare(static, [other])
+    assert result["arms"]["other"]["other_base_or_teachers"] == [1]
+    assert main(["compare", str(static), str(other), "--out", str(tmp_path / "cmp")]) == 0
+    assert "base or teachers differ from static's in seed(s) [1]" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
 def test_the_command_writes_the_table_the_plot_and_the_json(tmp_path):

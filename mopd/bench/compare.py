@@ -59,6 +59,7 @@ def compare(reference: Path, arms: list[Path]) -> dict[str, Any]:
         if arm != reference:
             record["minus_reference"] = differences(reports[arm], reports[reference], cells)
             record["flops_over_reference"] = flops_ratio(record["flops"], result["arms"][names[reference]]["flops"])
+            record["other_base_or_teachers"] = other_upstream(runs[arm], runs[reference], seeds)
         result["arms"][names[arm]] = record
     return result
 
@@ -149,6 +150,15 @@ def student(reports: dict[int, dict], cells) -> Matrix:
     return clustered(together, None if any(k is None for k in keys) else [k for ks in keys for k in ks])
 
 
+def other_upstream(arm: dict[int, Path], reference: dict[int, Path], seeds: list[int]) -> list[int]:
+    """The seeds whose base or teachers were not made from the same inputs as the reference's (their stage hashes
+    differ, or are missing): there the difference is not the MOPD setting's alone."""
+    def hashes(run: Path) -> list[str | None]:
+        return [(read_json(run / stage / "stage.json", default={}) or {}).get("hash") for stage in ("base", "teachers")]
+
+    return [s for s in seeds if None in hashes(arm[s]) or hashes(arm[s]) != hashes(reference[s])]
+
+
 def mopd_flops(run: Path) -> float | None:
     return (read_json(run / "distill" / "stage.json", default={}) or {}).get("compute", {}).get("flops")
 
@@ -216,8 +226,22 @@ def markdown(result: dict[str, Any], plot: str) -> str:
         diff = record.get("minus_reference", {}).get("pooled")
         lines.append(f"| {arm} | {interval_text(record['pooled'].get('gain_share'))} | "
                      f"{difference_text(diff)} | {interval_text(record.get('flops_over_reference'), '{:.3f}')} |")  # fmt: skip
-    lines += ["", *shares_lines(result), "", f"![student − {ref} per cell]({plot})", ""]
+    lines += ["", *upstream_lines(result), *shares_lines(result), "", f"![student − {ref} per cell]({plot})", ""]
     return "\n".join(lines)
+
+
+def upstream_lines(result: dict[str, Any]) -> list[str]:
+    """Whether each arm's base and teachers are the reference's, so that a difference is the MOPD setting's alone."""
+    lines = []
+    for arm, record in result["arms"].items():
+        if arm == result["reference"]:
+            continue
+        other = record["other_base_or_teachers"]
+        lines.append(f"- {arm}: base and teachers made from the same inputs as {result['reference']}'s in every seed"
+                     if not other else
+                     f"- {arm}: **base or teachers differ from {result['reference']}'s in seed(s) {other}**: there the "
+                     "difference includes them, not the MOPD setting alone")  # fmt: skip
+    return [*lines, ""]
 
 
 def shares_lines(result: dict[str, Any]) -> list[str]:
