@@ -21,18 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mopd.artifacts import MetricsLog, read_json, write_json_atomic, write_text_atomic
-from mopd.bench.seeds import (
-    cell_summary,
-    contents_of,
-    joined,
-    pooled_summary,
-    suite_identity,
-    task_matrix,
-    verdict,
-)
+from mopd.bench.seeds import cell_summary, pooled_matrix, pooled_summary, suite_cells, suite_identity, verdict
 from mopd.bench.suite import BenchError
-from mopd.envs.base import DOMAINS, EFFORTS
-from mopd.stats import Matrix, clustered, over_seeds, subtract, two_way
+from mopd.stats import Matrix, over_seeds, subtract, two_way
 
 SUMMARY_KEYS = ("student", "teacher", "base", "student_over_teacher", "gain_share")
 
@@ -110,11 +101,6 @@ def check_one_suite(reports: dict[Path, dict[int, dict]], names: dict[Path, str]
                 )
 
 
-def suite_cells(report: dict[str, Any]) -> list[tuple[str, str]]:
-    suite = report["suite"]
-    return [(d, e) for d in DOMAINS if d in suite["domains"] for e in EFFORTS if e in suite["efforts"]]
-
-
 # ------------------------------------------------------------------------------------ the numbers
 def arm_summary(reports: dict[int, dict], runs: dict[int, Path], seeds: list[int], cells) -> dict[str, Any]:
     """The arm's own student ÷ teacher and gain kept per cell and pooled, its MOPD FLOPs and its cells' shares."""
@@ -141,13 +127,11 @@ def differences(arm: dict[int, dict], reference: dict[int, dict], cells) -> dict
 
 
 def student(reports: dict[int, dict], cells) -> Matrix:
-    """seeds × contents of the student over some cells side by side (a content at several efforts is one cluster)."""
-    matrices = [task_matrix(reports, "student", d, e) for d, e in cells]
-    keys = [contents_of(reports, d, e) for d, e in cells]
-    together = joined(matrices)
-    if together is None:
+    """seeds × contents of the student over some cells side by side."""
+    matrix = pooled_matrix(reports, "student", cells)
+    if matrix is None:
         raise BenchError(f"a run has no student scores in {', '.join(f'{d}-{e}' for d, e in cells)}")
-    return clustered(together, None if any(k is None for k in keys) else [k for ks in keys for k in ks])
+    return matrix
 
 
 def other_upstream(arm: dict[int, Path], reference: dict[int, Path], seeds: list[int]) -> list[int]:
@@ -156,7 +140,7 @@ def other_upstream(arm: dict[int, Path], reference: dict[int, Path], seeds: list
     def hashes(run: Path) -> list[str | None]:
         return [(read_json(run / stage / "stage.json", default={}) or {}).get("hash") for stage in ("base", "teachers")]
 
-    return [s for s in seeds if None in hashes(arm[s]) or hashes(arm[s]) != hashes(reference[s])]
+    return [s for s in seeds if None in (mine := hashes(arm[s])) or mine != hashes(reference[s])]
 
 
 def mopd_flops(run: Path) -> float | None:

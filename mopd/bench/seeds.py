@@ -48,7 +48,7 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
     reports = {seed: read_report(run) for seed, run in sorted(runs.items())}
     check_same_suite(reports)
     first = next(iter(reports.values()))
-    cells = [(d, e) for d in DOMAINS if d in first["suite"]["domains"] for e in EFFORTS if e in first["suite"]["efforts"]]
+    cells = suite_cells(first)
     baselines = sorted({m["name"] for m in first["models"] if m["role"] == "baseline"})
     summary = {
         "seeds": list(reports),
@@ -85,6 +85,12 @@ def check_same_suite(reports: dict[int, dict]) -> None:
 def suite_identity(report: dict[str, Any]) -> dict[str, Any]:
     """What decides which tasks a bench drew: two reports with the same identity scored the same tasks."""
     return {k: report["suite"][k] for k in ("name", "split", "n", "seeds", "samples", "domains", "efforts")}
+
+
+def suite_cells(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (domain, effort) cells a bench scored, in the project's order."""
+    suite = report["suite"]
+    return [(d, e) for d in DOMAINS if d in suite["domains"] for e in EFFORTS if e in suite["efforts"]]
 
 
 def run_facts(run: Path, report: dict[str, Any]) -> dict[str, Any]:
@@ -208,13 +214,18 @@ def contents_count(reports: dict[int, dict], cells: list[tuple[str, str]]) -> di
 def pooled_summary(reports: dict[int, dict], cells: list[tuple[str, str]], baselines: list[str]) -> dict[str, Any]:
     """Every cell's tasks side by side, one seeds × contents matrix per model: a content asked at
     three efforts is one cluster."""
-    names = ("base", "teacher", "student", *baselines)
-    keys = [contents_of(reports, d, e) for d, e in cells]
-    pooled_keys = None if any(k is None for k in keys) else list(itertools.chain.from_iterable(keys))
-    m = {name: clustered(joined([task_matrix(reports, name, d, e) for d, e in cells]), pooled_keys) for name in names}
+    m = {name: pooled_matrix(reports, name, cells) for name in ("base", "teacher", "student", *baselines)}
     if not all(m[name] is not None for name in ("base", "teacher", "student")):
         return {}
     return {**compared(m, baselines), "contents": contents_count(reports, cells)}
+
+
+def pooled_matrix(reports: dict[int, dict], role_or_name: str, cells: list[tuple[str, str]]) -> Matrix | None:
+    """seeds × contents of a model over some cells side by side (`clustered`: a content at several efforts is one
+    cluster); None where the model has no scores in one of them."""
+    keys = [contents_of(reports, d, e) for d, e in cells]
+    pooled_keys = None if any(k is None for k in keys) else list(itertools.chain.from_iterable(keys))
+    return clustered(joined([task_matrix(reports, role_or_name, d, e) for d, e in cells]), pooled_keys)
 
 
 def compared(m: dict[str, Matrix | None], baselines: list[str]) -> dict[str, Any]:
