@@ -154,13 +154,18 @@ class DistillSpec(Strict):
     prompts_per_step: int = Field(16, gt=0)
     samples_per_prompt: int = Field(1, gt=0)
     learning_rate: float = Field(1e-4, gt=0)
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant: `learning_rate` every step; cosine: `learning_rate` at step 1, down by half a cosine toward 0 at `steps`"
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     temperature: float = Field(1.0, gt=0, description="student sampling; teachers always score at 1")
     importance: ImportanceSpec = Field(default_factory=ImportanceSpec)
     full_vocab_kl: bool = Field(
         True, description="exact reverse KL over the vocabulary (held-out KL 0.047 vs 0.063 for the sampled-token loss at the same speed, tiny pair); keeps [T, V] teacher log-probs per sequence, so large vocabularies turn it off"
     )
-    orm_alpha: float = Field(0.0, ge=0, description="weight of the verifier's outcome advantage")
+    orm_alpha: float = Field(
+        0.0, ge=0, description="weight of the verifier's outcome advantage: the reward minus its prompt's mean (`samples_per_prompt` > 1), else its cell's in the step"
+    )
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
     max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind; 0: synchronous, ≥ 1: the next step samples while this one trains (one step off, lag ≤ 1); a staler sample is an error")
     rescore: bool = Field(

@@ -73,6 +73,7 @@ def test_two_gloo_ranks_resume_a_one_process_checkpoint_and_take_its_next_steps(
     resume_from = save_checkpoint(root / "one", 1, one)  # weights, MoE bias and AdamW moments of step 1
     one_metrics = one.train_step(rollouts, scores, cells)
     one_checkpoint = save_checkpoint(root / "one-2", 2, one)  # beside: a checkpoint removes the older ones
+    one.set_learning_rate(2.5e-4)  # step 3 at another rate (`lr_schedule`), on both
     one_few = one.train_step(*few)
 
     sharded = load_student(resume_from, DistillSpec(trainer_workers=2, **options), student_dir, "cpu", None)
@@ -80,6 +81,7 @@ def test_two_gloo_ranks_resume_a_one_process_checkpoint_and_take_its_next_steps(
     try:
         metrics = sharded.train_step(rollouts, scores, cells)
         checkpoint = save_checkpoint(root / "sharded", 2, sharded)
+        sharded.set_learning_rate(2.5e-4)
         sharded_few = sharded.train_step(*few)
     finally:
         sharded.close()

@@ -8,7 +8,13 @@ import torch
 
 from mopd.distill.routing import RoutingError
 from mopd.distill.scorer import TeacherScorer
-from mopd.distill.student import Student, collate, length_sorted_micro_batches
+from mopd.distill.student import (
+    Student,
+    collate,
+    length_sorted_micro_batches,
+    orm_advantages,
+    scheduled_learning_rate,
+)
 from mopd.distill.trainer import StalenessError, check_staleness, train_mopd
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
@@ -115,6 +121,7 @@ def test_mopd_steps_log_per_teacher_metrics_sync_weights_and_resume(setup):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert [r["policy_version"] for r in records] == [0, 1]  # step 2 sampled from the weights of step 1
+    assert [r["learning_rate"] for r in records] == [1e-3, 1e-3]  # lr_schedule: constant
     for cell in CELLS:
         for metric in ("reverse_kl", "reward", "thinking_tokens", "answer_tokens", "is_out_of_bounds", "train_rollout_gap"):
             assert f"{cell}/{metric}" in records[0]
@@ -185,3 +192,38 @@ def test_loss_options_train_and_log(setup, default_step, options, changes_loss):
     else:
         assert all(record[f"{cell}/reward"] == 0 for cell in CELLS)
         assert record["loss"] == pytest.approx(default_step["loss"], abs=1e-7)
+
+
+def test_a_cosine_schedule_sets_each_steps_learning_rate_and_the_optimizer_uses_it(setup):
+    cosine = spec(lr_schedule="cosine", steps=3)
+    assert [scheduled_learning_rate(cosine, step) for step in (1, 2, 3)] == pytest.approx([1e-3, 0.75e-3, 0.25e-3])
+    assert [scheduled_learning_rate(spec(steps=3), step) for step in (1, 2, 3)] == [1e-3] * 3
+
+    _, student_dir, teachers = setup
+    rollout = Rollout(Task("t", "general", "low", "q"), [5, 6, 7], token_ids=[8, 9], logprobs=[-1.0, -1.0], loss_mask=[1, 1])
+    scores = TeacherScorer(teachers[CELLS[0]]).score([rollout.prompt_ids], [rollout.token_ids], full=True)
+    student = Student.load(student_dir, spec(), reference_dir=student_dir)
+    before = [p.detach().clone() for p in student.model.parameters()]
+    student.set_learning_rate(0.0)  # AdamW without weight decay: a zero rate moves nothing
+    student.train_step([rollout], scores, [CELLS[0]])
+    assert all(torch.equal(a, b) for a, b in zip(before, student.model.parameters()))
+    student.set_learning_rate(1e-3)
+    student.train_step([rollout], scores, [CELLS[0]])
+    assert not all(torch.equal(a, b) for a, b in zip(before, student.model.parameters()))
+
+    final = run(setup, "cosine", steps=3, lr_schedule="cosine")
+    records = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [r["learning_rate"] for r in records] == pytest.approx([1e-3, 0.75e-3, 0.25e-3])
+
+
+def test_the_outcome_baseline_is_the_prompts_group_where_it_was_sampled_more_than_once():
+    def rollout(prompt, reward):
+        return Rollout(Task("t", "code", "low", "q"), prompt, reward=reward)
+
+    rollouts = [rollout([1], 1.0), rollout([1], 0.0), rollout([1], 0.0), rollout([2], 1.0), rollout([2], 1.0), rollout([3], 1.0)]
+    cells = ["code-low"] * 5 + ["code-high"]
+    advantages = orm_advantages(rollouts, cells).tolist()
+    # prompt 1: mean 1/3; prompt 2: tied, so 0 (not 1 − the cell's 0.6); prompt 3 alone: its cell's mean, itself
+    assert advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+    singles = orm_advantages([rollout([1], 1.0), rollout([2], 0.0)], ["code-low"] * 2).tolist()
+    assert singles == pytest.approx([0.5, -0.5])  # one sample a prompt: the cell's mean in the step

@@ -127,6 +127,9 @@ class ShardedStudent(Student):
         by_name = ray.get([w.optimizer_state.remote() for w in self.workers])[0]
         return renamed(by_name, {name: i for i, name in enumerate(parameter_names(self.model))})
 
+    def set_learning_rate(self, learning_rate: float) -> None:
+        ray.get([w.set_learning_rate.remote(learning_rate) for w in self.workers])
+
     def close(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
@@ -225,6 +228,9 @@ class TrainerWorker:
         finally:
             for router in routers:
                 router.train(True)
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self.student.set_learning_rate(learning_rate)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         state = get_model_state_dict(self.student.model, options=FULL)

@@ -2,6 +2,7 @@
 
     Student.load(dir, spec)            the trained copy (and the frozen reference, where the loss needs one)
     Student.train_step(rollouts, ...)  one optimizer step on the teachers' per-token scores
+    scheduled_learning_rate            the step's learning rate (`lr_schedule`)
     collate / length_sorted_micro_batches   rollouts → padded tensors, cut by length
     token_weights                      each rollout's per-token weight in the step's loss (`balance_tokens`)
 
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -67,6 +69,10 @@ class Student:
 
     def optimizer_state(self) -> dict:
         return self.optimizer.state_dict()
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
 
     def close(self) -> None:
         """Nothing to release: the model lives in this process."""
@@ -202,11 +208,26 @@ def gradient_shares(rollouts: list[Rollout], cells: list[str], weights: torch.Te
 
 
 def orm_advantages(rollouts: list[Rollout], cells: list[str]) -> torch.Tensor:
-    """Each verifier reward minus the mean reward of its cell in the batch."""
+    """Each verifier reward minus a baseline: the mean reward of its group (the step's samples of the
+    same prompt, as in GRPO) where the prompt was sampled more than once, else of its cell in the step."""
     by_cell: dict[str, list[float]] = {}
+    by_prompt: dict[tuple, list[float]] = {}
     for r, cell in zip(rollouts, cells):
         by_cell.setdefault(cell, []).append(r.reward)
-    return torch.tensor([r.reward - statistics.fmean(by_cell[cell]) for r, cell in zip(rollouts, cells)])
+        by_prompt.setdefault((cell, tuple(r.prompt_ids)), []).append(r.reward)
+
+    def baseline(r: Rollout, cell: str) -> float:
+        group = by_prompt[(cell, tuple(r.prompt_ids))]
+        return statistics.fmean(group if len(group) > 1 else by_cell[cell])
+
+    return torch.tensor([r.reward - baseline(r, cell) for r, cell in zip(rollouts, cells)])
+
+
+def scheduled_learning_rate(spec: DistillSpec, step: int) -> float:
+    """The learning rate of step `step` (1-based) of `spec.steps`."""
+    if spec.lr_schedule == "constant":
+        return spec.learning_rate
+    return spec.learning_rate * 0.5 * (1 + math.cos(math.pi * (step - 1) / spec.steps))
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -47,7 +47,7 @@ from mopd.distill.allocation import Allocation, step_allocation, write_allocatio
 from mopd.distill.async_rollouts import RolloutProducer
 from mopd.distill.routing import RouteTable, build_route_table, cell_of, check_teachers
 from mopd.distill.scorer import TeacherPool
-from mopd.distill.student import Student
+from mopd.distill.student import Student, scheduled_learning_rate
 from mopd.envs import get_env, prompt_contents
 from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
@@ -220,6 +220,8 @@ def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, 
     scores = teachers.score(cells, [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=spec.full_vocab_kl)
     clock.append(time.perf_counter())
 
+    learning_rate = scheduled_learning_rate(spec, step)
+    student.set_learning_rate(learning_rate)
     metrics = student.train_step(rollouts, scores, cells)
     clock.append(time.perf_counter())
 
@@ -231,6 +233,7 @@ def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, 
     phases = dict(zip(names, (b - a for a, b in itertools.pairwise(clock))))
     return {
         **metrics,
+        "learning_rate": learning_rate,
         **step_tokens(rollouts, cells),
         "cpu_s": cpu_seconds() - cpu_start,
         **{f"time/{name}": seconds for name, seconds in phases.items()},
