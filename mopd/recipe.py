@@ -195,6 +195,11 @@ class DistillSpec(Strict):
     allocation_every: int = Field(4, gt=0, description="allocation: gap: steps between re-allocations; each uses the reverse KL of the steps before it")
     allocation_floor: int = Field(1, ge=0, description="allocation: gap: prompts every cell of the mix gets each step, whatever its gap")
 
+    @property
+    def scores_a_reference(self) -> bool:
+        """ExOPD (`reward_scale` != 1): the frozen initial student scores every trained sequence too."""
+        return self.reward_scale != 1.0
+
     @model_validator(mode="after")
     def _known_cells(self) -> DistillSpec:
         unknown = [c for c in [*self.mix, *self.teachers] if c not in CELLS]

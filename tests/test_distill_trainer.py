@@ -227,3 +227,16 @@ def test_the_outcome_baseline_is_the_prompts_group_where_it_was_sampled_more_tha
     assert advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
     singles = orm_advantages([rollout([1], 1.0), rollout([2], 0.0)], ["code-low"] * 2).tolist()
     assert singles == pytest.approx([0.5, -0.5])  # one sample a prompt: the cell's mean in the step
+
+
+def test_exopds_reference_forward_is_counted_in_the_stages_flops(setup):
+    from mopd.compute import checkpoint_active_parameters
+    from mopd.distill.trainer import distill_compute
+
+    _, student_dir, teachers = setup
+    records = [{"tokens_sampled": 30, "tokens_trained": 100, "tokens_scored": 100, "general-low/tokens_scored": 100}] * 2
+    plain = distill_compute(records, student_dir, teachers)
+    exopd = distill_compute(records, student_dir, teachers, reference_scores=spec(reward_scale=2.0).scores_a_reference)
+    assert "reference_tokens_scored" not in plain and exopd["reference_tokens_scored"] == 200
+    assert exopd["flops"] - plain["flops"] == 2 * checkpoint_active_parameters(student_dir) * 200
+    assert not spec().scores_a_reference

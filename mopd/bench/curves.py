@@ -82,7 +82,7 @@ def curve_points(recipe: Recipe, run_dir: Path, inputs: dict[str, Path]) -> list
 
     student, teachers = distill_models(recipe, run_dir, inputs)
     trained_in = {series: Path(inputs.get(stage, run_dir / stage)) for series, stage in SERIES.items()}
-    flops = {"student": lambda records: distill_compute(records, student, teachers)["flops"]}
+    flops = {"student": lambda records: distill_compute(records, student, teachers, recipe.distill.scores_a_reference)["flops"]}
     if recipe.baselines.mixed_rl is not None:
         active = checkpoint_active_parameters(checkpoint_in(trained_in["mixed_rl"]))
         flops["mixed_rl"] = lambda records: steps_compute(records, active)["flops"]

@@ -183,7 +183,7 @@ class TrainerWorker:
             by_name = renamed(state, dict(enumerate(parameter_names(model))))
             set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
         reference = None
-        if spec.reward_scale != 1.0:  # ExOPD's initial student: every rank scores its own rows with a full copy
+        if spec.scores_a_reference:  # ExOPD's initial student: every rank scores its own rows with a full copy
             reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(self.device)
         self.student = Student(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
 

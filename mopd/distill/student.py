@@ -63,7 +63,7 @@ class Student:
         if (model_dir / "optimizer.pt").is_file():
             optimizer.load_state_dict(torch.load(model_dir / "optimizer.pt", weights_only=True, map_location=device))
         reference = None
-        if spec.reward_scale != 1.0:  # ExOPD measures the teacher's gain against the initial student
+        if spec.scores_a_reference:  # ExOPD measures the teacher's gain against the initial student
             reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(device)
         return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
 

@@ -76,7 +76,8 @@ def run_distill(ctx) -> dict:
     )  # fmt: skip
     if spec.eval_tasks:
         write_json_atomic(ctx.dir / "eval.json", held_out_comparison(recipe, final, teachers))
-    return distill_compute(MetricsLog(ctx.dir / "metrics.jsonl").records(), student, teachers)
+    records = MetricsLog(ctx.dir / "metrics.jsonl").records()
+    return distill_compute(records, student, teachers, reference_scores=spec.scores_a_reference)
 
 
 def distill_models(recipe, run_dir: Path, inputs: Mapping[str, Path]) -> tuple[Path, dict[str, Path]]:
@@ -88,12 +89,18 @@ def distill_models(recipe, run_dir: Path, inputs: Mapping[str, Path]) -> tuple[P
     return Path(spec.student or checkpoint_in(base)), teachers
 
 
-def distill_compute(records: list[dict], student: Path, teachers: Mapping[str, str | Path]) -> dict:
-    """The stage's compute (`mopd.compute`) from its steps: each cell's scored tokens at its teacher's N."""
+def distill_compute(
+    records: list[dict], student: Path, teachers: Mapping[str, str | Path], reference_scores: bool = False
+) -> dict:
+    """The stage's compute (`mopd.compute`) from its steps: each cell's scored tokens at its teacher's N, and
+    with `reference_scores` (ExOPD) the frozen initial student's forward over every trained sequence."""
     teacher_params = {cell: checkpoint_active_parameters(path) for cell, path in teachers.items()}
     compute = steps_compute(records, checkpoint_active_parameters(student), wall_keys=("time/step",))
     scored = {cell: sum(r.get(f"{cell}/tokens_scored", 0) for r in records) for cell in teachers}
     compute["flops"] += sum(2 * teacher_params[cell] * tokens for cell, tokens in scored.items())
+    if reference_scores:
+        compute["reference_tokens_scored"] = compute["tokens_trained"]
+        compute["flops"] += 2 * compute["active_params"] * compute["tokens_trained"]
     distinct = set(teacher_params.values())
     compute["teacher_active_params"] = distinct.pop() if len(distinct) == 1 else teacher_params
     return compute
