@@ -19,7 +19,8 @@ DEGRADED_FLAG_HELP = "without a working bubblewrap, judge code in the weaker rli
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Mistakes in what the user gave us: reported in one line, without a traceback."""
+    """Mistakes in what the user gave us, and a Ray that will not start: reported in one line, without a traceback."""
+    from mopd.cluster import ClusterStartError
     from mopd.convert import GGUFImportError, StudentInitError
     from mopd.distill.pair import PairError
     from mopd.distill.routing import RoutingError
@@ -30,7 +31,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from mopd.rollout.interface import CheckpointError, PromptTooLongError
 
     return (RecipeError, FileNotFoundError, CheckpointError, PromptTooLongError, TaskFileError, RoutingError,
-            RunDirError, ExportError, PairError, SandboxUnavailable, GGUFImportError, StudentInitError)
+            RunDirError, ExportError, PairError, SandboxUnavailable, GGUFImportError, StudentInitError,
+            ClusterStartError)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -1,6 +1,7 @@
 """Ray for the stages that fan work out: starting it, sizing the worker pool, and the work queue.
 
     start_ray(recipe)                       connect to the recipe's cluster, or start a local one
+    connect_ray(address, num_cpus)          the same from an address; ClusterStartError when Ray will not start
     slots(resources)                        how many workers needing these resources fit at once
     run_in_slots(queue, slots, start, wait_one)   the queue in order, never more than `slots` at once
     StatusLines()                           the driver's one line per running job, live or piped
@@ -20,21 +21,37 @@ from rich.live import Live
 from rich.text import Text
 
 
+class ClusterStartError(RuntimeError):
+    """Ray could not be started or reached: reported in one line, and a re-run resumes."""
+
+
 def start_ray(recipe) -> bool:
     """Connect to (or start) Ray as the recipe says; True when this call started it."""
+    return connect_ray(recipe.ray.address, recipe.ray.num_cpus)
+
+
+def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
+    """Connect to the Ray cluster at `address` (None: start a local one); True when this call started it."""
     if ray.is_initialized():
         return False
     # Ray starts workers at nice 15; here the workers are the job itself, so on a shared box they
     # would starve behind every other process.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(
-        address=recipe.ray.address,
-        num_cpus=recipe.ray.num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    try:
+        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as err:  # Ray raises RuntimeError, ConnectionError or a bare Exception here
+        raise ClusterStartError(start_failure(address, err)) from err
     return True
+
+
+def start_failure(address: str | None, err: BaseException) -> str:
+    """The one line a user reads when Ray will not start."""
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if address:
+        where, hint = f"the Ray cluster at ray.address={address!r}", "check that the cluster is up and reachable"
+    else:
+        where, hint = "a local Ray node", "a loaded machine can time out Ray's start: retry when it is quieter"
+    return f"could not start {where} ({reason}); {hint}. Finished stages are kept: re-run the same command to resume"
 
 
 def slots(resources: Iterable) -> int:

@@ -167,3 +167,22 @@ def test_run_validates_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"mopd run: error: {TINY}: field `bench.suite`: eval/does_not_exist.yaml: no such file" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_a_ray_that_will_not_start_is_one_line_naming_where_and_how_to_resume(monkeypatch, capsys):
+    import ray
+
+    from mopd import cli, cluster
+
+    def refuse(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen because some of the raylet\nfailed")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(cluster.ClusterStartError, match=r"ray.address='ray://head:10001' \(The current node timed out"):
+        cluster.connect_ray("ray://head:10001")
+    monkeypatch.setattr(cli, "cmd_run", lambda args: cluster.start_ray(load_recipe(args.recipe, args.overrides)))
+    assert run_cli("run", TINY) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mopd run: error: could not start a local Ray node (The current node timed out during startup.")
+    assert "re-run the same command to resume" in err and "Traceback" not in err and err.count("\n") == 1

@@ -198,8 +198,9 @@ class TeacherPool:
         if use_ray:
             import ray
 
-            if not ray.is_initialized():
-                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            from mopd.cluster import connect_ray
+
+            connect_ray(ray_address)
             actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
             device = "cuda" if num_gpus > 0 else "cpu"
             self.scorers = {

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
+from mopd.cluster import connect_ray
 from mopd.distill.scorer import TeacherScores
 from mopd.distill.student import (
     Student,
@@ -69,8 +70,7 @@ class ShardedStudent(Student):
 
         import mopd.model  # noqa: F401  (registers the K3 hybrid)
 
-        if not ray.is_initialized():
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        connect_ray(ray_address)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         group = reserve_workers(spec.trainer_workers, device)
