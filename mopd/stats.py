@@ -203,6 +203,20 @@ def grand_mean(x: Matrix) -> float:
     return statistics.fmean(v for row in x for v in row)
 
 
+def detectable(x: Interval, power: float = 0.8) -> float:
+    """The smallest true difference that a 95% interval with x's standard error and df excludes 0 for, with
+    probability `power` (two-sided; (t_.975 + t_power) · se). A smaller difference "within noise" says nothing
+    either way; NaN for one draw."""
+    if not math.isfinite(x.se) or not x.df > 0:
+        return math.nan
+    quantile = (lambda p: t_quantile(p, x.df)) if math.isfinite(x.df) else normal_quantile
+    return (quantile(0.975) + quantile(power)) * x.se
+
+
+def normal_quantile(p: float) -> float:
+    return statistics.NormalDist().inv_cdf(p)
+
+
 def with_t(mean: float, se: float, df: float) -> Interval:
     half = (t_quantile(0.975, df) if math.isfinite(df) else NORMAL_975) * se
     return Interval(mean, mean - half, mean + half, se, df)

@@ -44,6 +44,8 @@ def test_an_arm_better_in_one_cell_is_above_the_reference_there_and_nowhere_else
     assert student_over_teacher == pytest.approx(5 / 7, abs=0.15)
     assert result["arms"]["static"]["shares"]["0"]["general-low"] == {"prompts": 0.75, "tokens": 0.25, "gradient": 0.25}
     assert result["arms"]["better"]["other_base_or_teachers"] == []
+    assert 0 < diff["code-low"]["detectable_80"] < 0.4  # three seeds find the planted +0.4 ...
+    assert diff["code-low"]["detectable_80"] > 2.8 * diff["code-low"]["se"]  # ... and t quantiles exceed the normal's
 
 
 def test_seeds_whose_base_or_teachers_differ_from_the_references_are_named(tmp_path):
@@ -62,7 +64,7 @@ def test_the_command_writes_the_table_the_plot_and_the_json(tmp_path):
     worse = planted_arm(tmp_path, "worse", dict.fromkeys(CELLS, 0.2))
     assert main(["compare", str(static), str(worse), "--out", str(tmp_path / "cmp")]) == 0
     text = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "| worse |" in text and "(below 0)" in text and "| general-low | 0.75 / 0.25 | 0.50 / 0.25 |" in text
+    assert "| worse |" in text and "(below 0)" in text and "the smallest difference these seeds show with 80% power" in text and "| general-low | 0.75 / 0.25 | 0.50 / 0.25 |" in text
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
     result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert result["command"].startswith("mopd compare") and result["arms"]["worse"]["minus_reference"]["pooled"]["high"] < 0

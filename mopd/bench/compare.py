@@ -23,7 +23,7 @@ from typing import Any
 from mopd.artifacts import MetricsLog, read_json, write_json_atomic, write_text_atomic
 from mopd.bench.seeds import cell_summary, pooled_matrix, pooled_summary, suite_cells, suite_identity, verdict
 from mopd.bench.suite import BenchError
-from mopd.stats import Matrix, over_seeds, subtract, two_way
+from mopd.stats import Matrix, detectable, over_seeds, subtract, two_way
 
 SUMMARY_KEYS = ("student", "teacher", "base", "student_over_teacher", "gain_share")
 
@@ -118,11 +118,13 @@ def pick(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def differences(arm: dict[int, dict], reference: dict[int, dict], cells) -> dict[str, Any]:
-    """arm − reference in the student's accuracy, per cell and pooled, paired per seed and content."""
+    """arm − reference in the student's accuracy, per cell and pooled, paired per seed and content, each with the
+    smallest difference these seeds would show with 80% power (`detectable_80`)."""
+    groups = {**{f"{d}-{e}": [(d, e)] for d, e in cells}, "pooled": list(cells)}
     out = {}
-    for d, e in cells:
-        out[f"{d}-{e}"] = asdict(two_way(subtract(student(arm, [(d, e)]), student(reference, [(d, e)]))))
-    out["pooled"] = asdict(two_way(subtract(student(arm, cells), student(reference, cells))))
+    for name, group in groups.items():
+        diff = two_way(subtract(student(arm, group), student(reference, group)))
+        out[name] = {**asdict(diff), "detectable_80": detectable(diff)}
     return out
 
 
@@ -210,8 +212,24 @@ def markdown(result: dict[str, Any], plot: str) -> str:
         diff = record.get("minus_reference", {}).get("pooled")
         lines.append(f"| {arm} | {interval_text(record['pooled'].get('gain_share'))} | "
                      f"{difference_text(diff)} | {interval_text(record.get('flops_over_reference'), '{:.3f}')} |")  # fmt: skip
-    lines += ["", *upstream_lines(result), *shares_lines(result), "", f"![student − {ref} per cell]({plot})", ""]
+    lines += ["", *detectable_lines(result), *upstream_lines(result), *shares_lines(result), "",
+              f"![student − {ref} per cell]({plot})", ""]
     return "\n".join(lines)
+
+
+def detectable_lines(result: dict[str, Any]) -> list[str]:
+    """Per arm, the smallest difference its seeds show with 80% power: below it, "within noise" decides nothing."""
+    lines = []
+    for arm, record in result["arms"].items():
+        if arm == result["reference"]:
+            continue
+        sizes = {cell: d.get("detectable_80") for cell, d in record["minus_reference"].items()}
+        if all(v is None or v != v for v in sizes.values()):
+            continue
+        text = ", ".join(f"{cell} {v:.3f}" for cell, v in sizes.items() if v is not None and v == v)
+        lines.append(f"- {arm}: the smallest difference these seeds show with 80% power (a 95% interval clear of 0): "
+                     f"{text}. A smaller one reads \"within noise\" most of the time, whether it is there or not.")
+    return [*lines, ""] if lines else []
 
 
 def upstream_lines(result: dict[str, Any]) -> list[str]:
