@@ -209,12 +209,9 @@ def detectable(x: Interval, power: float = 0.8) -> float:
     either way; NaN for one draw."""
     if not math.isfinite(x.se) or not x.df > 0:
         return math.nan
-    quantile = (lambda p: t_quantile(p, x.df)) if math.isfinite(x.df) else normal_quantile
-    return (quantile(0.975) + quantile(power)) * x.se
-
-
-def normal_quantile(p: float) -> float:
-    return statistics.NormalDist().inv_cdf(p)
+    if math.isinf(x.df):
+        return (NORMAL_975 + statistics.NormalDist().inv_cdf(power)) * x.se
+    return (t_quantile(0.975, x.df) + t_quantile(power, x.df)) * x.se
 
 
 def with_t(mean: float, se: float, df: float) -> Interval:

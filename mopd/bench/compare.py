@@ -15,6 +15,7 @@ look better by chance; decide by a rule written before the runs, on dev, and quo
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -223,10 +224,10 @@ def detectable_lines(result: dict[str, Any]) -> list[str]:
     for arm, record in result["arms"].items():
         if arm == result["reference"]:
             continue
-        sizes = {cell: d.get("detectable_80") for cell, d in record["minus_reference"].items()}
-        if all(v is None or v != v for v in sizes.values()):
+        sizes = [(cell, d.get("detectable_80", math.nan)) for cell, d in record["minus_reference"].items()]
+        text = ", ".join(f"{cell} {size:.3f}" for cell, size in sizes if not math.isnan(size))
+        if not text:
             continue
-        text = ", ".join(f"{cell} {v:.3f}" for cell, v in sizes.items() if v is not None and v == v)
         lines.append(f"- {arm}: the smallest difference these seeds show with 80% power (a 95% interval clear of 0): "
                      f"{text}. A smaller one reads \"within noise\" most of the time, whether it is there or not.")
     return [*lines, ""] if lines else []
