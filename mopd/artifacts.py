@@ -56,6 +56,14 @@ def read_json(path: str | Path, default: Any = None) -> Any:
     return json.loads(path.read_text()) if path.is_file() else default
 
 
+def set_aside(directory: Path) -> Path:
+    """Move `directory` to `<name>.previous/` beside it, replacing an older one; returns the new place."""
+    previous = directory.with_name(directory.name + ".previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    directory.rename(previous)
+    return previous
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh sibling directory; on success it replaces `path` in one rename."""

@@ -14,7 +14,6 @@ children over the whole stage.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from mopd.artifacts import config_hash, read_json, write_json_atomic
+from mopd.artifacts import config_hash, read_json, set_aside, write_json_atomic
 from mopd.compute import cpu_seconds, device_of
 from mopd.envs.sandbox import describe_backend, resolve_backend
 from mopd.recipe import Recipe
@@ -119,9 +118,7 @@ def set_aside_work_of_other_inputs(stage_dir: Path, digest: str) -> None:
     marker = read_json(stage_dir / "started.json", default=None) or read_json(stage_dir / "stage.json", default={})
     if marker.get("hash") in (None, digest):
         return
-    previous = stage_dir.with_name(stage_dir.name + ".previous")
-    shutil.rmtree(previous, ignore_errors=True)
-    stage_dir.rename(previous)
+    previous = set_aside(stage_dir)
     console.print(f"[yellow]{stage_dir.name}: work of other inputs ({marker['hash']}) moved to {previous}[/yellow]")
 
 

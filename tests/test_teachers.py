@@ -341,6 +341,7 @@ def test_a_teacher_is_redone_when_its_spec_or_base_changes(run_dir, tmp_path):
     (folder / "teacher.json").write_text("{}")
     assert is_finished(folder, digest)
     assert not is_finished(folder, "another") and not (folder / "teacher.json").exists()
+    assert (tmp_path / "code-max.previous" / "teacher.json").is_file()  # the other spec's work is kept aside
 
 
 def test_teachers_train_on_prompts_the_base_was_not_fitted_on():

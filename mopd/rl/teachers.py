@@ -30,7 +30,7 @@ from typing import Any
 import ray
 import torch
 
-from mopd.artifacts import MetricsLog, config_hash, read_json, write_json_atomic
+from mopd.artifacts import MetricsLog, config_hash, read_json, set_aside, write_json_atomic
 from mopd.base.sft import base_checkpoint, check_checkpoint
 from mopd.cluster import StatusLines, run_in_slots, slots, start_ray
 from mopd.compute import checkpoint_active_parameters, steps_compute, total_compute
@@ -115,9 +115,11 @@ def spec_hash(spec, recipe: Recipe, init: Path) -> str:
 
 
 def is_finished(out_dir: Path, digest: str) -> bool:
-    """Finished for this very hash; a directory left by another spec or base is cleared for a fresh start."""
+    """Finished for this very hash; a directory left by another spec or base is moved to `<cell>.previous/`
+    (resuming its checkpoints would continue another spec's run) and the cell starts afresh."""
     if (read_json(out_dir / "spec.json", default={}) or {}).get("spec_hash") != digest:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        if out_dir.is_dir():
+            print(f"{out_dir.name}: work of another spec or base moved to {set_aside(out_dir)}", flush=True)
         write_json_atomic(out_dir / "spec.json", {"spec_hash": digest})
     return (out_dir / "teacher.json").is_file()
 
