@@ -4,9 +4,11 @@
     teachers     the spec directory, each cell's spec, each spec's `init` checkpoint
     model        the preset and its overrides build a config (when the base is trained)
     checkpoints  base.checkpoint, distill.student, distill.teachers.*: a directory with a config.json of a
-                 causal LM transformers knows (a K3 hybrid or any stock architecture) and its weights
+                 causal LM transformers knows (a K3 hybrid or any stock architecture), its weights, and
+                 at least `max_model_len` positions (the engines refuse fewer)
     distill      every cell of the mix has a teacher
     bench        the suite loads as `mopd bench` loads it, its envs build with the recipe's options
+    curves       the learning curves' suite loads and is a dev suite
 
 `mopd run` calls `check_recipe` first, so a run never stops mid-way on a file the recipe names.
 Every mistake is one `RecipeError` naming the recipe file and the field:
@@ -33,6 +35,7 @@ def check_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
     check_checkpoints(recipe, path)
     check_distill_routes(recipe, path)
     check_bench_suite(recipe, path, recipe_dir)
+    check_curves(recipe, path, recipe_dir)
     return recipe, specs
 
 
@@ -51,7 +54,8 @@ def check_teachers(recipe: Recipe, path: str | Path, recipe_dir: Path) -> dict[s
         raise fail(path, "teachers.spec_dir", str(err)) from None
     for cell, spec in specs.items():
         if spec.init != "base":
-            check_checkpoint(path, f"teachers.{cell}.init", spec.init, resolve_path(spec.init, None))
+            init = resolve_path(spec.init, None)
+            check_checkpoint(path, f"teachers.{cell}.init", spec.init, init, recipe.max_model_len)
     return specs
 
 
@@ -78,16 +82,18 @@ def check_model(recipe: Recipe, path: str | Path) -> None:
 
 def check_checkpoints(recipe: Recipe, path: str | Path) -> None:
     """Checkpoints the recipe names; paths as the stages open them (relative to the working directory)."""
+    positions = recipe.max_model_len
     if recipe.base.checkpoint is not None:
-        check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint))
+        check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint), positions)
     if recipe.distill.student is not None:
-        check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student))
+        check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student), positions)
     for cell, teacher in recipe.distill.teachers.items():
-        check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher))
+        check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher), positions)
 
 
-def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path) -> None:
-    """Any causal LM transformers can build from its config.json (no weights are read)."""
+def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path, max_model_len: int) -> None:
+    """Any causal LM transformers can build from its config.json (no weights are read), with positions for
+    `max_model_len` tokens."""
     if not directory.is_dir():
         raise fail(recipe_path, field, f"{given}: no such checkpoint directory")
     config_file = directory / "config.json"
@@ -102,9 +108,15 @@ def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory:
     from mopd.model import CheckpointError, read_model_config
 
     try:
-        read_model_config(directory)
+        model_config = read_model_config(directory)
     except CheckpointError as err:
         raise fail(recipe_path, field, f"{given}: {err}") from None
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions is not None and positions < max_model_len:
+        raise fail(recipe_path, field, (
+            f"{given}: max_position_embeddings {positions} is below max_model_len {max_model_len}; "
+            f"lower max_model_len or use a model with more positions"
+        ))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- distill
@@ -139,3 +151,13 @@ def check_bench_suite(recipe: Recipe, path: str | Path, recipe_dir: Path) -> Non
             raise fail(path, field, str(err)) from None
         if not suite.external:
             raise fail(path, field, f"{external} is a {suite.split} suite; external suites declare `split: external`")
+
+
+# ----------------------------------------------------------------------------- curves
+def check_curves(recipe: Recipe, path: str | Path, recipe_dir: Path) -> None:
+    """The learning curves' suite, as the curves stage opens it: it must be a dev suite."""
+    if recipe.curves is None:
+        return
+    from mopd.bench.curves import check_curves_suite
+
+    check_curves_suite(recipe, recipe_dir, where=f"{path}: field `curves.suite`")

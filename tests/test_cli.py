@@ -126,8 +126,11 @@ def bad_checkpoints(root: Path) -> dict[str, Path]:
     (root / "llama" / "config.json").write_text('{"model_type": "llama"}')
     (root / "alien").mkdir()
     (root / "alien" / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    (root / "short").mkdir()  # a complete checkpoint with fewer positions than tiny's max_model_len (2048)
+    (root / "short" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 512}')
+    (root / "short" / "model.safetensors").write_bytes(b"")
     return {"missing": root / "missing", "empty": root / "empty", "broken": root / "broken", "llama": root / "llama",
-            "alien": root / "alien"}  # fmt: skip
+            "alien": root / "alien", "short": root / "short"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -140,10 +143,12 @@ def bad_checkpoints(root: Path) -> dict[str, Path]:
         ("distill.teachers.code-max={broken}", "distill.teachers.code-max", "config.json is unreadable"),
         ("teachers.code-max.init={llama}", "teachers.code-max.init", "has a config but no weights"),
         ("base.checkpoint={alien}", "base.checkpoint", "not a config transformers can read"),
+        ("distill.student={short}", "distill.student", "max_position_embeddings 512 is below max_model_len 2048"),
         ("teachers.cells=[code-max]", "distill.mix.general-low", "cell general-low has no teacher"),
         ("model.preset=huge", "model.preset", "unknown model preset 'huge'"),
     ],
-    ids=["suite", "spec-dir", "base", "student", "teacher", "teacher-init", "unknown-architecture", "mix-without-teacher", "preset"],
+    ids=["suite", "spec-dir", "base", "student", "teacher", "teacher-init", "unknown-architecture", "positions",
+         "mix-without-teacher", "preset"],
 )
 def test_validate_opens_every_file_the_recipe_names(tmp_path, capsys, override, field, expected):
     override = override.format(**bad_checkpoints(tmp_path))
@@ -151,6 +156,17 @@ def test_validate_opens_every_file_the_recipe_names(tmp_path, capsys, override, 
     err = capsys.readouterr().err
     assert f"mopd validate: error: {TINY}: field `{field}`: " in err and expected in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_refuses_learning_curves_read_on_test(capsys):
+    curves = ["curves={suite: eval/tiny.yaml}", "distill.curve_every=4"]
+    assert run_cli("validate", TINY, *curves) == 2  # `mopd run` would refuse it only after the recipe check
+    err = capsys.readouterr().err
+    assert f"{TINY}: field `curves.suite`: " in err and "tiny.yaml is a test suite" in err
+    assert run_cli("validate", TINY, "curves={suite: eval/nowhere.yaml}", "distill.curve_every=4") == 2
+    err = capsys.readouterr().err
+    assert f"{TINY}: field `curves.suite`: " in err and "nowhere.yaml" in err and "Traceback" not in err
+    assert run_cli("validate", TINY, "curves={suite: eval/tiny-dev.yaml}", "distill.curve_every=4") == 0
 
 
 def test_a_spec_error_names_the_recipe_field_and_the_spec(tmp_path, capsys):

@@ -40,13 +40,16 @@ from mopd.recipe import CELLS, Recipe, RecipeError, resolve_path
 SERIES = {"student": "distill", "mixed_rl": "baselines/mixed_rl"}  # curve → the stage that trained it
 
 
-def check_curves_suite(recipe: Recipe, recipe_dir: Path | None = None) -> Path:
-    """The curves' suite file; a RecipeError unless it is a dev suite (test numbers are reported, never read
-    to compare methods while choosing anything)."""
+def check_curves_suite(recipe: Recipe, recipe_dir: Path | None = None, where: str = "curves.suite") -> Path:
+    """The curves' suite file; a RecipeError starting with `where` unless it is a dev suite (test numbers are
+    reported, never read to compare methods while choosing anything)."""
     suite = resolve_path(recipe.curves.suite, recipe_dir)
-    split = load_suite(suite).split
+    try:
+        split = load_suite(suite).split
+    except RecipeError as err:
+        raise RecipeError(f"{where}: {err}") from None
     if split != "dev":
-        raise RecipeError(f"curves.suite: {suite} is a {split} suite; learning curves are read on a dev suite")
+        raise RecipeError(f"{where}: {suite} is a {split} suite; learning curves are read on a dev suite")
     return suite
 
 
