@@ -51,6 +51,24 @@ def test_claims_follow_the_planted_accuracies(tmp_path):
     assert "overlap 0/" in text and json.loads((tmp_path / "summary.json").read_text())["command"] == "mopd sweep planted"
 
 
+def test_a_cell_unmeasured_in_one_seed_fails_a_claim_over_every_cell_and_is_named(tmp_path):
+    accuracy = {"base": dict.fromkeys(CELLS, 0.2), "teacher": dict.fromkeys(CELLS, 0.7), "student": dict.fromkeys(CELLS, 0.7)}
+    runs = write_runs(tmp_path, [0, 1, 2], accuracy, {"low": 2.0, "high": 20.0, "max": 60.0})
+    report_file = runs[1] / "bench" / "report.json"
+    report = json.loads(report_file.read_text())
+    report["results"] = [r for r in report["results"] if (r["model"], r["domain"], r["effort"]) != ("student", "code", "max")]
+    report_file.write_text(json.dumps(report))  # seed 1's student was never scored on code-max
+
+    summary = summarise(runs)
+    reaches = summary["claims"]["student_reaches_90pct"]
+    assert not reaches["holds"] and reaches["cells"]["code-max"]["measured"] is False
+    assert summary["claims"]["teacher_beats_base"]["holds"]  # base and teacher were scored everywhere
+    assert summary["efforts"]["code"]["unmeasured"] == ["max"] and summary["efforts"]["code"]["efforts"] == ["low", "high"]
+    assert summary["claims"]["student_rises_with_effort"]["domains"]["code"]["accuracy"]["measured"] is False
+    write_summary(summary, tmp_path, "test")
+    assert "not measured in code-max)" in (tmp_path / "summary.md").read_text()
+
+
 def per_seed_rewards(tmp_path: Path, model: str, domain: str, effort: str) -> list[list[float]]:
     rows = []
     for seed in (0, 1, 2):

@@ -18,7 +18,8 @@ The claims, as the summary tests them:
      the share of the teacher's gain it keeps, (student − base) ÷ (teacher − base);
   3. within each domain the student's thinking tokens and its within-budget accuracy rise
      low < high < max.
-A claim "holds" when the means satisfy it and is "beyond noise" when the 95% interval does too.
+A claim "holds" when the means satisfy it and is "beyond noise" when the 95% interval does too; a
+claim over every cell does not hold where a cell could not be measured, and names it.
 """
 
 from __future__ import annotations
@@ -256,13 +257,16 @@ def joined(matrices: list[Matrix | None]) -> Matrix | None:
 def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
     """The student's accuracy and thinking tokens at each effort of a domain, and the steps between.
     Accuracy differences are paired over seeds and tasks; thinking tokens are a mean per seed in the
-    report, so their interval is over seeds only (t with seeds − 1 degrees of freedom)."""
-    efforts = [e for e in EFFORTS if scores(next(iter(reports.values())), "student", domain, e) is not None]
+    report, so their interval is over seeds only (t with seeds − 1 degrees of freedom). An effort the
+    student was not scored at in every seed is left out and named in `unmeasured`."""
+    asked = [e for e in EFFORTS if any(scores(r, "student", domain, e) is not None for r in reports.values())]
+    efforts = [e for e in asked if all(scores(r, "student", domain, e) is not None for r in reports.values())]
     scored = {e: matrix(reports, "student", domain, e) for e in efforts}
     tokens = {e: [row_of(r, "student", domain, e)["thinking_tokens_mean"] for r in reports.values()] for e in efforts}
     steps = list(itertools.pairwise(efforts))
     return {
         "efforts": efforts,
+        "unmeasured": [e for e in asked if e not in efforts],
         "accuracy": {e: asdict(accuracy(scored[e])) for e in efforts},
         "thinking_tokens": {e: asdict(over_seeds(tokens[e])) for e in efforts},
         "accuracy_steps": {f"{a}->{b}": asdict(two_way(subtract(scored[b], scored[a]))) for a, b in steps},
@@ -276,12 +280,17 @@ def row_of(report: dict[str, Any], model: str, domain: str, effort: str) -> dict
 
 # ---------------------------------------------------------------------------------- the claims
 def claims(summary: dict[str, Any]) -> dict[str, Any]:
+    """A claim over every cell fails where a cell could not be measured (a model unscored in some seed)."""
     cells = summary["cells"]
-    beats = {c: verdict(s["teacher_minus_base"], above=0.0) for c, s in cells.items() if "teacher_minus_base" in s}
+    beats = {c: verdict(s["teacher_minus_base"], above=0.0) if "teacher_minus_base" in s else UNMEASURED
+             for c, s in cells.items()}
     reaches = {c: verdict(s["student_over_teacher"], above=TARGET_RATIO, inclusive=True)
-               for c, s in cells.items() if "student_over_teacher" in s}
+               if "student_over_teacher" in s else UNMEASURED for c, s in cells.items()}
     rises = {}
     for domain, e in summary["efforts"].items():
+        if e.get("unmeasured"):
+            rises[domain] = {"accuracy": UNMEASURED, "thinking_tokens": UNMEASURED}
+            continue
         accuracy = [verdict(step, above=0.0) for step in e["accuracy_steps"].values()]
         tokens = [verdict(step, above=0.0) for step in e["token_steps"].values()]
         rises[domain] = {"accuracy": all_of(accuracy), "thinking_tokens": all_of(tokens)}
@@ -291,6 +300,9 @@ def claims(summary: dict[str, Any]) -> dict[str, Any]:
         "student_rises_with_effort": {"domains": rises,
                                       **all_of([v for r in rises.values() for v in r.values()])},
     }
+
+
+UNMEASURED = {"holds": False, "beyond_noise": False, "measured": False}
 
 
 def verdict(interval: dict[str, float], above: float, inclusive: bool = False) -> dict[str, bool]:
@@ -355,11 +367,14 @@ def claims_lines(summary: dict[str, Any]) -> list[str]:
         return "holds, beyond noise" if v["beyond_noise"] else "holds (within noise)" if v["holds"] else "**does not hold**"
 
     def failing(cells: dict[str, dict[str, bool]]) -> str:
-        missed = [cell for cell, v in cells.items() if not v["holds"]]
-        return f" (fails in {', '.join(missed)})" if missed else ""
+        missed = [cell for cell, v in cells.items() if not v["holds"] and v.get("measured", True)]
+        unmeasured = [cell for cell, v in cells.items() if not v.get("measured", True)]
+        parts = [f"fails in {', '.join(missed)}"] * bool(missed) + [f"not measured in {', '.join(unmeasured)}"] * bool(unmeasured)
+        return f" ({'; '.join(parts)})" if parts else ""
 
     rises = c["student_rises_with_effort"]["domains"]
-    flat = [f"{d} {what}" for d, r in rises.items() for what, v in r.items() if not v["holds"]]
+    flat = [f"{d} {what}" + ("" if v.get("measured", True) else " (not measured at every effort)")
+            for d, r in rises.items() for what, v in r.items() if not v["holds"]]
     return [
         "## Claims",
         "",
