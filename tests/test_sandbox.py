@@ -520,6 +520,28 @@ def test_without_bwrap_the_opt_in_runs_the_degraded_sandbox_and_says_so(no_bwrap
         choose_backend("bwrap", "/nonexistent/python3", allow_degraded=True)
 
 
+def test_a_task_files_code_rows_are_judged_in_the_sandbox_the_run_opted_into(no_bwrap, tmp_path, capsys):
+    from mopd.distill.trainer import TaskFileEnv
+    from mopd.envs.data import load_task_file
+
+    env = CodeEnv(families=["list_pipeline"])
+    rows = [{"prompt": t.prompt, "effort": t.effort, "meta": t.meta} for t in env.sample(2, seed=0)]
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    task = load_task_file(data, verifier="code")[0]
+    with pytest.raises(SandboxUnavailable):
+        TaskFileEnv({}).verify(task, env.solve(task))
+    verdict = TaskFileEnv({"code": {"allow_degraded": True, "limits": LIMITS}}).verify(task, env.solve(task))
+    assert verdict.reward == 1.0 and verdict.details["sandbox"] == "rlimit"
+
+    out = tmp_path / "pair"
+    argv = ["distill", "--teacher", str(tmp_path / "t"), "--student", str(tmp_path / "s"), "--out", str(out),
+            "--data", str(data), "--verifier", "code"]  # fmt: skip
+    assert main(argv) == 2  # refused before any model loads, in one line
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mopd distill: error: the code sandbox needs bubblewrap") and "Traceback" not in err
+
+
 def test_pipeline_refuses_before_any_work_and_labels_what_it_judged(no_bwrap, tmp_path):
     ran = []
     stages = [Stage("base", {}, lambda ctx: ran.append("base")), Stage("code", {}, lambda ctx: ran.append("code"), judges_code=True)]

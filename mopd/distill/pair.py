@@ -73,8 +73,7 @@ def distill_pair(
     train, held_out, cells = pair_tasks(domain, effort, data_file, verifier, env_options or {}, spec.eval_tasks, seed)
     if any(cell.startswith("code-") for cell in cells):  # refuse before any model loads, not at the first verdict
         code = (env_options or {}).get("code", {})
-        # a task file's code rows are judged by `mopd.envs.data`'s own env, without the opt-in
-        resolve_backend(code.get("backend", "auto"), code.get("allow_degraded", False) and data_file is None)
+        resolve_backend(code.get("backend", "auto"), code.get("allow_degraded", False))
     spec = spec.model_copy(update={"mix": dict.fromkeys(cells, 1.0)})
     out_dir = Path(out_dir)
     (out_dir / "eval.json").unlink(missing_ok=True)  # never left from an earlier run beside this one's student
@@ -203,6 +202,7 @@ def cmd_distill(args) -> int:
 
     from mopd.distill.routing import RoutingError
     from mopd.envs.data import TaskFileError
+    from mopd.envs.sandbox import SandboxUnavailable
     from mopd.recipe import RecipeError
 
     torch.set_num_threads(args.threads)  # before any engine starts: vLLM's CPU worker pins its own afterwards
@@ -215,7 +215,7 @@ def cmd_distill(args) -> int:
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
             full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks,
         )  # fmt: skip
-    except (PairError, RoutingError, TaskFileError, RecipeError) as err:
+    except (PairError, RoutingError, TaskFileError, RecipeError, SandboxUnavailable) as err:
         print(f"mopd distill: error: {err}", file=sys.stderr)
         return 2
     print(f"distilled student written to {final}")

@@ -300,18 +300,28 @@ def task_source(
 
 
 class TaskFileEnv:
-    """Verifies a user's task-file rows with the verifier each row names."""
+    """Verifies a user's task-file rows with the verifier each row names. A domain's own verifier
+    ("code", "general") is that domain's env built with the run's options, so code rows are judged in
+    the sandbox the run asked for (`allow_degraded` included)."""
+
+    def __init__(self, env_options: dict[str, dict]):
+        self.env_options, self.domain_envs = env_options, {}
 
     def verify(self, task: Task, completion):
         from mopd.envs.data import verify_task
 
-        return verify_task(task, completion)
+        verifier = task.meta.get("verifier", task.domain)
+        if verifier not in DOMAINS:
+            return verify_task(task, completion)
+        if verifier not in self.domain_envs:
+            self.domain_envs[verifier] = get_env(verifier, **self.env_options.get(verifier, {}))
+        return self.domain_envs[verifier].verify(task, completion)
 
 
 def envs_for(table: RouteTable, env_options, tasks: list[Task] | None) -> dict:
     domains = {cell.split("-")[0] for cell in table.routes}
     if tasks is not None:
-        return {d: get_env(d, **env_options.get(d, {})) if d == "agent" else TaskFileEnv() for d in domains}
+        return {d: get_env(d, **env_options.get(d, {})) if d == "agent" else TaskFileEnv(env_options) for d in domains}
     return {d: get_env(d, **env_options.get(d, {})) for d in domains}
 
 
