@@ -26,12 +26,14 @@ class ClusterStartError(RuntimeError):
 
 
 def start_ray(recipe) -> bool:
-    """Connect to (or start) Ray as the recipe says; True when this call started it."""
+    """Connect to (or start) Ray as the recipe says; True when this call initialised Ray in this process
+    (the caller shuts it down)."""
     return connect_ray(recipe.ray.address, recipe.ray.num_cpus)
 
 
 def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
-    """Connect to the Ray cluster at `address` (None: start a local one); True when this call started it."""
+    """Connect to the Ray cluster at `address` (None: start a local one); True when this call initialised
+    Ray in this process (the caller shuts it down), False when it already was."""
     if ray.is_initialized():
         return False
     # Ray starts workers at nice 15; here the workers are the job itself, so on a shared box they

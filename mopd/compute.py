@@ -1,6 +1,7 @@
 """Compute accounting: the `compute` block of every stage's `stage.json`.
 
     flops = 6·N·tokens_trained + 2·N·tokens_sampled + 2·N_teacher·tokens_scored
+            (+ 2·N·tokens_trained in MOPD with ExOPD: the frozen initial student scores every trained token)
 
 A token through forward and backward costs ~6 FLOPs per active parameter, through a forward ~2
 (attention's cost in the sequence length is left out). N is `mopd.model.active_parameters`: the
@@ -11,7 +12,7 @@ embedding table left out. Tokens are counted where they are produced:
     tokens_trained   prompt + completion tokens (padding excluded) through the trainer's forward and backward
     tokens_scored    prompt + completion tokens the teachers' forward ran over (MOPD)
 
-Not counted: forwards outside those three (the prefill of prompts and observations while sampling,
+Not counted: other forwards (the prefill of prompts and observations while sampling,
 TRL's forward for the sampler/trainer log-prob gap, the KL-to-initial diagnostic, held-out evals).
 Training stages log the tokens and `cpu_s` of each step in `metrics.jsonl`, so a resumed stage
 counts every step once.

@@ -189,7 +189,7 @@ def test_suite_files_that_are_not_suites(tmp_path):
 
 
 def test_command_line_selection_checks_domains_and_efforts():
-    suite = load_suite("eval/smoke.yaml")
+    suite = load_suite("eval/tiny-dev.yaml")
     narrowed = select(suite, ["general"], ["max"], n=3, samples=2)
     assert list(narrowed.domains) == ["general"] and narrowed.efforts == ["max"]
     assert (narrowed.n, narrowed.samples) == (3, 2)
@@ -197,6 +197,8 @@ def test_command_line_selection_checks_domains_and_efforts():
         select(suite, ["chess"])
     with pytest.raises(SuiteError, match="unknown effort 'medium'"):
         select(suite, efforts=["medium"])
+    with pytest.raises(SuiteError, match=r"smoke\.yaml has no effort 'max'; it has \['low'\]"):
+        select(load_suite("eval/smoke.yaml"), efforts=["max"], source="eval/smoke.yaml")
     with pytest.raises(SuiteError, match="--n: must be positive"):
         select(suite, n=0)
 

@@ -318,6 +318,20 @@ def quick_suite(name: str, tmp_path: Path) -> Path:
     return tmp_path / "bfcl-simple.yaml"
 
 
+def test_the_external_audit_line_tells_a_run_without_a_record_from_a_model_outside_any_run():
+    from mopd.bench.run import external_audit_line
+
+    audits = {
+        "student": {"tasks": 4, "distinct": 4, "overlap": 0, "stages": {}},
+        "teacher": {"tasks": 4, "distinct": 4, "unavailable": "distill wrote no training record", "missing_record": True},
+        "smollm2": {"tasks": 4, "distinct": 4, "unavailable": "not a mopd run"},
+    }
+    line = external_audit_line([{"model": m, "audit": a} for m, a in audits.items()])
+    assert "none of their contents in any training record of the run of student" in line
+    assert "the run of teacher lacks a stage's training record" in line
+    assert "smollm2 is not from a mopd run" in line and "teacher is not from" not in line
+
+
 @pytest.mark.parametrize("name", QUICK)
 def test_mopd_bench_runs_each_quick_external_suite_and_reports_the_audit(tiny_model, tmp_path, name):
     out = tmp_path / name

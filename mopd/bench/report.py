@@ -98,7 +98,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## Student against its teachers (accuracy){label}", "", *recovery_table(report, student, teachers)]
     lines += ["", f"## Accuracy by effort{label}", "", *effort_table(report, names, teachers)]
     if any(model.get("compute") for model in report["models"]):
-        lines += ["", "## Training compute", "", *compute_table(report)]
+        lines += ["", f"## Training compute{label}", "", *compute_table(report)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
@@ -208,7 +208,8 @@ def compute_table(report) -> list[str]:
     models = [m for m in report["models"] if m.get("compute")]
     student = next((m["compute"]["post_training"]["flops"] for m in models if m["role"] == "student"), None)
     lines = [
-        "FLOPs ≈ 6·N·trained + 2·N·sampled + 2·N_teacher·scored tokens (N: active parameters, no embedding table). "
+        "FLOPs ≈ 6·N·trained + 2·N·sampled + 2·N_teacher·scored tokens (N: active parameters, no embedding table; "
+        "with ExOPD, + 2·N·trained for the frozen reference). "
         "Every model starts from the base, whose SFT is counted once; a model's row is the training after it "
         "(a teacher: its RL; the student: the nine teachers and MOPD; mixed_rl: its RL).",
         "",

@@ -160,7 +160,8 @@ def env_options(suite: Suite, domain: str, recipe: Recipe) -> dict[str, Any]:
 def bench_run_dir(
     run_dir: str | Path, out: str | Path | None = None, backend: str | None = None, **options
 ) -> dict:
-    """Benchmark a recipe run's base, nine teachers and student together (`mopd bench --run`)."""
+    """Benchmark a recipe run's base, nine teachers and student together, and its mixed-RL baseline where
+    one was trained (`mopd bench --run`)."""
     run_dir = Path(run_dir)
     recipe_file = run_dir / "recipe.json"
     if not recipe_file.is_file():
@@ -246,7 +247,7 @@ def add_bench_parser(subparsers) -> None:
     """The `mopd bench` subcommand (the CLI calls this with its subparsers)."""
     bench = subparsers.add_parser("bench", help="benchmark checkpoints per domain × effort (report + plots)")
     bench.add_argument("models", nargs="*", metavar="MODEL", help="checkpoint directories, or NAME=PATH")
-    bench.add_argument("--run", help="a run directory (runs/<recipe>): its base, teachers and student")
+    bench.add_argument("--run", help="a run directory (runs/<recipe>): its base, teachers, student and mixed-RL baseline if any")
     bench.add_argument("--suite", help=f"suite YAML (default: {DEFAULT_SUITE}, or the run's recipe's)")
     bench.add_argument("--efforts", help="comma-separated subset of the suite's efforts, e.g. low,max")
     bench.add_argument("--domains", help="comma-separated subset of the suite's domains")
@@ -618,7 +619,8 @@ def external_audit_line(results: list[dict]) -> str:
     audits = {m: [r["audit"] for r in results if r["model"] == m] for m in models}
     leaked = [m for m in models if any(a.get("overlap") for a in audits[m])]
     clean = [m for m in models if all(a.get("overlap") == 0 for a in audits[m])]
-    outside = [m for m in models if any("unavailable" in a for a in audits[m])]
+    unrecorded = [m for m in models if any(a.get("missing_record") for a in audits[m])]
+    outside = [m for m in models if m not in unrecorded and any("unavailable" in a for a in audits[m])]
     if leaked:
         return f"External suite, OVERLAPPING: the training records of the run of {', '.join(leaked)} hold some of its problems."
     parts = ["External suite: no training stage drew these problems (mopd's stages sample only generated train tasks)"]
@@ -627,6 +629,8 @@ def external_audit_line(results: list[dict]) -> str:
     pretrained = [m for m in clean if any("pretraining_not_audited" in a for a in audits[m])]
     if pretrained:
         parts.append(f"the pretraining of the base of {', '.join(pretrained)} is not audited")
+    if unrecorded:
+        parts.append(f"the run of {', '.join(unrecorded)} lacks a stage's training record: not audited")
     if outside:
         parts.append(f"{', '.join(outside)} is not from a mopd run: no mopd stage trained it, and its pretraining is not audited")
     return "; ".join(parts) + "."

@@ -240,6 +240,8 @@ def select(
     for effort in efforts or []:
         if effort not in EFFORTS:
             raise SuiteError(f"--efforts: unknown effort {effort!r}; choose some of {list(EFFORTS)}")
+        if effort not in suite.efforts:
+            raise SuiteError(f"--efforts: {source} has no effort {effort!r}; it has {suite.efforts}")
     update: dict[str, Any] = {}
     if domains:
         update["domains"] = {d: suite.domains[d] for d in domains}

@@ -72,8 +72,9 @@ class Allocation:
         return cell_gaps(measured, list(self.table.weights))
 
     def window(self, step: int) -> range:
-        """The steps whose gaps set the split of `step`'s block: the `allocation_every` before it,
-        less the one still training when the block's first prompts are drawn (one-step-off)."""
+        """The steps whose gaps set the split of `step`'s block: the `allocation_every` steps before it,
+        ending `lag` steps earlier (one-step-off: the step still training when the block's first
+        prompts are drawn has no gaps yet)."""
         every = self.spec.allocation_every
         block_start = step - (step - 1) % every
         end = block_start - self.lag  # exclusive

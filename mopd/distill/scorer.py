@@ -168,7 +168,8 @@ def warn_if_full_is_large(tokens: int, vocab_size: int) -> None:
 
 
 def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Indices grouped by similar length so that each padded batch holds at most max_tokens."""
+    """Indices grouped by similar length so that each padded batch holds at most max_tokens (a longer
+    sequence is a batch of its own)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     batches: list[list[int]] = []
     for i in order:

@@ -3,7 +3,7 @@
     check routes        every cell of the mix has a teacher sharing the student's tokenizer
     for each step:
         tasks    ← cells by the allocation (the mix, or the student's gap to each teacher), a task from each cell's environment
-        rollouts ← run_rollouts(student engine, temperature 1)      token ids + sampler log-probs
+        rollouts ← run_rollouts(student engine, distill.temperature)  token ids + sampler log-probs
         scores   ← each rollout's teacher scores its exact token ids  (prefill only)
         loss     ← mopd_loss(trainer's recomputed log πθ, sampler log-probs, teacher log-probs)
         optimizer step, MoE bias update, engine.update_weights       the next batch is on-policy
@@ -65,9 +65,11 @@ class StalenessError(RuntimeError):
 
 # ----------------------------------------------------------------------------- the stage
 def run_distill(ctx) -> dict:
-    """Pipeline stage: the recipe's student (the base by default) distilled from its teachers, then
-    scored on every cell's held-out tasks beside its teacher (`eval.json`); returns its compute."""
+    """Pipeline stage: the recipe's student (the base by default) distilled from its teachers and, with
+    `distill.eval_tasks` > 0, scored on every cell's held-out tasks beside its teacher (`eval.json`);
+    returns its compute."""
     recipe, spec = ctx.recipe, ctx.recipe.distill
+    (ctx.dir / "eval.json").unlink(missing_ok=True)  # never left from an earlier run beside this one's student
     student, teachers = distill_models(recipe, ctx.run_dir, ctx.inputs)
     final = train_mopd(
         student, teachers, spec, ctx.dir,
