@@ -367,9 +367,13 @@ def claims_lines(summary: dict[str, Any]) -> list[str]:
         return "holds, beyond noise" if v["beyond_noise"] else "holds (within noise)" if v["holds"] else "**does not hold**"
 
     def failing(cells: dict[str, dict[str, bool]]) -> str:
-        missed = [cell for cell, v in cells.items() if not v["holds"] and v.get("measured", True)]
         unmeasured = [cell for cell, v in cells.items() if not v.get("measured", True)]
-        parts = [f"fails in {', '.join(missed)}"] * bool(missed) + [f"not measured in {', '.join(unmeasured)}"] * bool(unmeasured)
+        missed = [cell for cell, v in cells.items() if not v["holds"] and cell not in unmeasured]
+        parts = []
+        if missed:
+            parts.append(f"fails in {', '.join(missed)}")
+        if unmeasured:
+            parts.append(f"not measured in {', '.join(unmeasured)}")
         return f" ({'; '.join(parts)})" if parts else ""
 
     rises = c["student_rises_with_effort"]["domains"]
