@@ -1,4 +1,5 @@
-"""Crash-safe artifacts: atomic files and directories, config hashes, resumable metrics logs.
+"""Crash-safe artifacts: atomic files and directories, config hashes, resumable metrics logs, and where
+a stage directory keeps its checkpoint.
 
 Every stage reads and writes directories. Nothing half-written ever sits at a final path: files
 and checkpoint directories are written beside their target and renamed into place, so a crash, a
@@ -128,3 +129,12 @@ def curve_snapshots(stage_dir: str | Path) -> dict[int, Path]:
     """step → snapshot of a stage's complete snapshots (each written whole by `atomic_dir`)."""
     found = sorted((Path(stage_dir) / "curve").glob("step-*"))
     return {int(path.name.removeprefix("step-")): path for path in found if (path / "config.json").is_file()}
+
+
+# ----------------------------------------------------------------------------- stage directories
+def checkpoint_in(stage_dir: str | Path) -> Path:
+    """A stage directory's HF checkpoint: its `model/` folder where that holds one and the directory
+    itself does not, else the directory itself."""
+    stage_dir = Path(stage_dir)
+    model = stage_dir / "model"
+    return model if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file() else stage_dir

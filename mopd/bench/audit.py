@@ -31,7 +31,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from mopd.artifacts import read_json
+from mopd.artifacts import checkpoint_in, read_json
 from mopd.bench.suite import BenchError
 from mopd.envs.base import Task
 from mopd.envs.splits import RECORDS, read_trained_on, task_keys
@@ -96,15 +96,6 @@ def external_base(path: Path, stages: dict[str, Path]) -> Path | None:
     """The base checkpoint of the run, where the recipe named a pretrained one instead of building it."""
     run, _ = run_stage(path)
     return stages["base"] if read_json(run / "base" / "base.json") else None
-
-
-def checkpoint_in(stage_dir: Path) -> Path:
-    model = stage_dir / "model"
-    return (
-        model
-        if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file()
-        else stage_dir
-    )
 
 
 # ----------------------------------------------------------------------------- the audit

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot, read_json, write_json_atomic
+from mopd.artifacts import MetricsLog, atomic_dir, checkpoint_in, curve_snapshot, read_json, write_json_atomic
 from mopd.compute import checkpoint_active_parameters, cpu_seconds, steps_compute
 from mopd.distill.allocation import Allocation, step_allocation, write_allocation_plot
 from mopd.distill.async_rollouts import RolloutProducer
@@ -125,13 +125,6 @@ def held_out_comparison(recipe, student: Path, teachers: Mapping[str, str | Path
         scores["student_over_teacher"] = scores["student"]["reward"] / max(scores["teacher"]["reward"], 1e-9)
         out[cell] = scores
     return out
-
-
-def checkpoint_in(stage_dir: str | Path) -> Path:
-    """A stage directory's HF checkpoint: the directory itself or its `model/` folder."""
-    stage_dir = Path(stage_dir)
-    model = stage_dir / "model"
-    return model if (model / "config.json").is_file() and not (stage_dir / "config.json").is_file() else stage_dir
 
 
 # ----------------------------------------------------------------------------- the loop
