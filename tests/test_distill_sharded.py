@@ -160,3 +160,6 @@ def test_a_stock_architecture_shards_by_decoder_layer_and_takes_the_one_process_
     saved = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
     for name, tensor in one.model.state_dict().items():
         torch.testing.assert_close(saved[name], tensor, atol=1e-5, rtol=0, msg=name)
+    # a fresh start, not a resume (which takes the saved groups): the ranks build the one-process AdamW, fused too
+    groups = torch.load(checkpoint / "optimizer.pt", weights_only=True)["param_groups"]
+    assert groups == one.optimizer_state()["param_groups"] and groups[0]["fused"]

@@ -3,8 +3,8 @@
     ShardedStudent (driver)        the Student's interface; `model` is a full CPU copy of the
                                    trained weights: what the engine loads and `save` writes
       TrainerWorker × N (Ray)      one rank each of a process group: gloo on CPU, NCCL on CUDA
-          load                     the HF student, `fully_shard` per decoder sublayer (attention,
-                                   MLP or MoE) and at the root, AdamW over the shards
+          load                     `Student.load` with the model `fully_shard`ed per decoder sublayer
+                                   (attention, MLP or MoE) and at the root: its AdamW over the shards
           train_step               its share of the step's rollouts in length-sorted micro-batches,
                                    each micro-batch's loss weighted by its share of the whole step's
                                    tokens; FSDP sums the gradients of all ranks; clip to the full
@@ -167,25 +167,17 @@ class TrainerWorker:
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def load(self, address: str, model_dir: str, spec: DistillSpec, reference_dir: str) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        import mopd.model  # noqa: F401  (registers the K3 hybrid)
-
+        """`Student.load` with the model sharded over the group; ExOPD's reference is a full copy on every
+        rank (each scores its own rows)."""
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world_size)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
-        shard(model, init_device_mesh(self.device.type, (self.world_size,)))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
-        if (Path(model_dir) / "optimizer.pt").is_file():
-            state = torch.load(Path(model_dir) / "optimizer.pt", weights_only=True)
-            by_name = renamed(state, dict(enumerate(parameter_names(model))))
-            set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
-        reference = None
-        if spec.scores_a_reference:  # ExOPD's initial student: every rank scores its own rows with a full copy
-            reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(self.device)
-        self.student = Student(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.student = Student.load(
+            model_dir, spec, reference_dir, self.device,
+            place=lambda model: shard(model, mesh), restore_optimizer=restore_sharded_optimizer,
+        )  # fmt: skip
 
     def train_step(
         self, rollouts: list[Rollout], scores: list[TeacherScores], orm: torch.Tensor, row_weights: torch.Tensor,
@@ -239,6 +231,12 @@ class TrainerWorker:
     def optimizer_state(self) -> dict:
         state = get_optimizer_state_dict(self.student.model, self.student.optimizer, options=FULL)
         return state if self.rank == 0 else {}
+
+
+def restore_sharded_optimizer(model, optimizer, path: Path) -> None:
+    """A checkpoint's optimizer state (`Student`'s format: parameters by index) into this rank's shards."""
+    by_name = renamed(torch.load(path, weights_only=True), dict(enumerate(parameter_names(model))))
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def parameter_names(model) -> list[str]:
