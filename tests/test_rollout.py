@@ -120,3 +120,47 @@ def test_ray_actor_serves_the_same_interface(checkpoint, engine):
     assert [g[0].token_ids for g in remote] == [g[0].token_ids for g in local]
     for r, loc in zip(remote, local):
         assert r[0].logprobs == pytest.approx(loc[0].logprobs, abs=1e-5)
+
+
+def test_one_task_scorer_answers_each_checkpoint_as_its_own_fresh_engine_would(tmp_path, tiny_tokenizer, monkeypatch):
+    """Held-out scoring of several checkpoints (pair mode's before and after, the bench's models) through
+    one engine, their weights swapped in: the rollouts of an engine and tokenizer per checkpoint."""
+    from statistics import fmean
+
+    from transformers import AutoTokenizer
+
+    import mopd.rollout.engine_cache
+    from mopd.envs import get_env
+    from mopd.envs.effort import EffortSpec
+    from mopd.model import K3HybridForCausalLM, preset_config
+    from mopd.rollout.episodes import run_rollouts
+    from mopd.rollout.held_out import TaskScorer, reward_summary, task_rewards
+    from tests.fakes import seeded_copy
+
+    torch.manual_seed(0)
+    K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tiny_tokenizer))).save_pretrained(tmp_path / "a")
+    tiny_tokenizer.save_pretrained(tmp_path / "a")
+    seeded_copy(tmp_path / "a", tmp_path / "b", seed=1)
+    envs = {"general": get_env("general", families=["add"], add_digits=[1, 1])}
+    tasks, efforts = envs["general"].sample(3, seed=0, split="dev", effort="low"), {"low": EffortSpec(budget_tokens=4, answer_tokens=4)}
+    started = []
+    monkeypatch.setattr(mopd.rollout.engine_cache, "create_engine", lambda *a, **k: started.append(a) or create_engine(*a, **k))
+
+    order = ["a", "b", "b", "a"]
+    with TaskScorer("hf", max_model_len=MAX_MODEL_LEN) as scorer:
+        answered = [scorer.rollouts(tmp_path / name, envs, tasks, efforts, n=2, temperature=1.0, seed=7) for name in order]
+    assert len(started) == 1 and scorer.engines.engine is None  # one engine, shut down on leaving
+
+    def tokens(groups):
+        return [[r.token_ids for r in group] for group in groups]
+
+    for name, groups in zip(order, answered, strict=True):
+        engine = HFEngine(tmp_path / name, max_model_len=MAX_MODEL_LEN)
+        alone = run_rollouts(engine, AutoTokenizer.from_pretrained(tmp_path / name), envs, tasks, efforts, n=2, temperature=1.0, seed=7)
+        assert tokens(groups) == tokens(alone), name
+    assert tokens(answered[0]) != tokens(answered[1])  # b's weights answered, not a's
+
+    groups = answered[0]
+    assert task_rewards(groups) == [fmean(r.reward for r in group) for group in groups]
+    summary = reward_summary(groups)
+    assert summary["rollouts"] == 6 and summary["reward"] == pytest.approx(fmean(task_rewards(groups)))

@@ -7,35 +7,17 @@ report quotes only what `mopd bench` scores on test.
 from __future__ import annotations
 
 from pathlib import Path
-from statistics import fmean
 
-from transformers import AutoTokenizer
-
-from mopd.rollout.engine import create_engine
-from mopd.rollout.episodes import run_rollouts
+from mopd.rollout.held_out import TaskScorer, reward_summary
 
 
 def evaluate_cell(model_dir: Path, spec, recipe, env, effort, backend: str) -> dict[str, float]:
-    """Mean shaped reward, pass rate and token counts on the cell's dev split (sampled at the spec's temperature)."""
+    """Mean shaped reward, pass rate and token counts on the cell's dev split (sampled at the spec's
+    temperature); the engine is shut down before it returns."""
     tasks = env.sample(spec.eval_tasks, recipe.seed, "dev", spec.effort)
-    engine = create_engine(model_dir, backend=backend, max_model_len=recipe.max_model_len)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    groups = run_rollouts(
-        engine,
-        tokenizer,
-        {env.domain: env},
-        tasks,
-        {spec.effort: effort},
-        n=spec.eval_samples,
-        temperature=spec.temperature,
-        seed=recipe.seed,
-    )
-    flat = [r for group in groups for r in group]
-    return {
-        "reward": fmean(r.reward for r in flat),
-        "pass_rate": fmean(r.verdict.passed for r in flat),
-        "thinking_tokens": fmean(r.thinking_tokens for r in flat),
-        "answer_tokens": fmean(r.answer_tokens for r in flat),
-        "over_budget_rate": fmean(r.over_budget for r in flat),
-        "rollouts": len(flat),
-    }
+    with TaskScorer(backend, max_model_len=recipe.max_model_len) as scorer:
+        groups = scorer.rollouts(
+            model_dir, {env.domain: env}, tasks, {spec.effort: effort},
+            n=spec.eval_samples, temperature=spec.temperature, seed=recipe.seed,
+        )  # fmt: skip
+    return reward_summary(groups)
