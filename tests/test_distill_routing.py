@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from mopd.distill.routing import RoutingError, build_route_table, check_teachers
+from mopd.distill import routing
+from mopd.distill.routing import RoutingError, Vocabulary, build_route_table, check_teachers, read_checkpoint
 from mopd.envs.tokenizer import build_tokenizer
 from mopd.model import K3HybridForCausalLM, preset_config
 
@@ -62,9 +63,22 @@ def test_cells_are_drawn_in_proportion_to_the_weights():
     assert sum(draws.values()) == 600
 
 
-def test_matching_teachers_pass_the_start_checks(checkpoints):
-    table = build_route_table({"general-low": 1.0}, {"general-low": checkpoints["teacher"]})
-    check_teachers(table, checkpoints["student"])
+def test_matching_teachers_pass_the_start_checks(checkpoints, tokenizer, monkeypatch):
+    """Teachers with the student's tokenizer and vocabulary size (other weights) raise nothing, and each
+    distinct teacher is checked once, aliases together."""
+    student, teacher = checkpoints["student"], checkpoints["teacher"]
+    copy = shutil.copytree(teacher, checkpoints["root"] / "teacher-copy")
+    table = build_route_table(
+        {"general-low": 1.0, "general-high": 1.0, "code-max": 1.0},
+        {"general-low": teacher, "general-high": teacher, "code-max": copy},
+    )
+    read = []
+    monkeypatch.setattr(routing, "read_checkpoint", lambda path, role: read.append((path, role)) or read_checkpoint(path, role))
+    assert check_teachers(table, student) is None
+    assert read == [(student, "student"), (teacher.resolve(), "teacher of general-low, general-high"), (copy.resolve(), "teacher of code-max")]
+    vocabularies = [read_checkpoint(path, role) for path, role in read]
+    assert all(v == Vocabulary(len(tokenizer), tokenizer.get_vocab()) for v in vocabularies)
+    assert (teacher / "model.safetensors").read_bytes() != (student / "model.safetensors").read_bytes()
 
 
 def test_a_teacher_with_another_tokenizer_is_named_with_the_student(checkpoints, tokenizer):

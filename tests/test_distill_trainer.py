@@ -170,16 +170,14 @@ def default_step(setup):
 
 
 @pytest.mark.parametrize(
-    ("options", "changes_loss"),
+    "options",
     [
-        ({"full_vocab_kl": False, "reward_scale": 2.0, "importance": {"mode": "tis", "low": 0.5, "high": 2.0}}, True),
-        ({"full_vocab_kl": False}, True),
-        ({"reward_scale": 1.5}, True),
-        # the outcome term is group-normalised: with every reward tied (the untrained student earns 0) it adds 0
-        ({"orm_alpha": 0.5}, False),
+        {"full_vocab_kl": False, "reward_scale": 2.0, "importance": {"mode": "tis", "low": 0.5, "high": 2.0}},
+        {"full_vocab_kl": False},
+        {"reward_scale": 1.5},
     ],
 )
-def test_loss_options_train_and_log(setup, default_step, options, changes_loss):
+def test_loss_options_train_and_log(setup, default_step, options):
     final = run(setup, f"options-{len(options)}-{next(iter(options))}", steps=1, **options)
     (record,) = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
     assert torch.isfinite(torch.tensor([record["loss"], record["grad_norm"]])).all()
@@ -187,11 +185,46 @@ def test_loss_options_train_and_log(setup, default_step, options, changes_loss):
     # the same rollouts and teacher scores as the default loss's first step
     for cell in CELLS:
         assert record[f"{cell}/reverse_kl"] == pytest.approx(default_step[f"{cell}/reverse_kl"], abs=1e-6)
-    if changes_loss:
-        assert abs(record["loss"] - default_step["loss"]) > 1e-4
-    else:
-        assert all(record[f"{cell}/reward"] == 0 for cell in CELLS)
-        assert record["loss"] == pytest.approx(default_step["loss"], abs=1e-7)
+    assert abs(record["loss"] - default_step["loss"]) > 1e-4
+
+
+def test_the_outcome_term_adds_alpha_times_each_rewards_lead_over_its_prompts_group(setup, monkeypatch):
+    """`orm_alpha` α with rewards that differ within each prompt's group of 2 samples (1 and 0.25: A = ±0.375
+    from the group's mean): the step's loss grows by −α Σ A·log πθ(y_t) / N over its N generated tokens; with
+    a group's rewards tied, by nothing. (The untrained student earns 0 everywhere: the rewards are set on the
+    sampled rollouts, as a verifier that scores each sample differently would.)"""
+    import mopd.distill.trainer as trainer
+    from mopd.rollout.episodes import run_rollouts
+
+    def rewarded(rewards: tuple[float, float], sampled: list[Rollout]):
+        def sample(*args, **kwargs):
+            groups = run_rollouts(*args, **kwargs)
+            for group in groups:
+                for rollout, reward in zip(group, rewards, strict=True):
+                    rollout.reward = reward
+            sampled.extend(r for group in groups for r in group)
+            return groups
+
+        return sample
+
+    runs = {"plain": (0.0, (1.0, 0.25)), "outcome": (0.5, (1.0, 0.25)), "tied": (0.5, (0.5, 0.5))}
+    records, sampled = {}, {name: [] for name in runs}
+    for name, (alpha, rewards) in runs.items():
+        monkeypatch.setattr(trainer, "run_rollouts", rewarded(rewards, sampled[name]))
+        final = run(setup, f"outcome-{name}", steps=1, samples_per_prompt=2, orm_alpha=alpha)
+        (records[name],) = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    rollouts = sampled["outcome"]
+    assert len(rollouts) == 8 and [r.token_ids for r in rollouts] == [r.token_ids for r in sampled["plain"]]
+    assert records["outcome"]["reward"] == pytest.approx(0.625)
+
+    _, student_dir, _ = setup  # the step's loss is taken at the initial weights: score the samples with them
+    logprobs = [s.logprobs for s in TeacherScorer(student_dir).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts])]
+    masks = [torch.tensor(r.loss_mask, dtype=torch.float32) for r in rollouts]
+    lead = [0.375, -0.375] * 4  # each group's two samples, in order
+    outcome = -0.5 * sum(a * float((m * lp).sum()) for a, m, lp in zip(lead, masks, logprobs, strict=True)) / float(sum(m.sum() for m in masks))
+    assert abs(outcome) > 1e-3  # some 6% of the step's loss here, far above float noise
+    assert records["outcome"]["loss"] - records["plain"]["loss"] == pytest.approx(outcome, rel=1e-3)
+    assert records["tied"]["loss"] == pytest.approx(records["plain"]["loss"], abs=1e-7)
 
 
 def test_a_cosine_schedule_sets_each_steps_learning_rate_and_the_optimizer_uses_it(setup):
