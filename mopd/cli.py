@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run a recipe once per pipeline seed and summarise its claims with intervals")
     sweep.add_argument("recipe", help="recipe YAML, e.g. recipes/tiny.yaml")
     sweep.add_argument("overrides", nargs="*", help="KEY=VALUE overrides applied to every seed")
-    sweep.add_argument("--seeds", default="0,1,2", help="comma-separated pipeline seeds (default: 0,1,2)")
+    sweep.add_argument("--seeds", default="0,1,2",
+                       help="pipeline seeds: comma-separated seeds and ranges, e.g. 0-17 or 0-2,5,9-11, each seed once (default: %(default)s)")  # fmt: skip
     sweep.add_argument("--out", help="sweep directory, one run per seed in seed-<s>/ (default: <runs_dir>/<name>-sweep)")
     sweep.add_argument("--parallel", type=int, default=1, help="seeds run at once (on a Ray cluster); default 1")
     sweep.add_argument("--allow-degraded-sandbox", action="store_true", help=DEGRADED_FLAG_HELP)
@@ -127,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="same: the teacher's architecture, --layers of its layers kept; k3: a K3 hybrid of --preset")  # fmt: skip
     init.add_argument("--layers", type=int, help="layers of the student (same: required; k3: the preset's by default)")
     init.add_argument("--preset", default="small", help="K3 preset (--arch k3), at the teacher's hidden size and vocabulary")
-    init.add_argument("--init", default="random", help="K3 weights: random (embeddings copied from the teacher) or convert (made from the teacher's weights)")
+    init.add_argument("--init", choices=["random", "convert"], default="random",
+                      help="K3 weights (--arch k3): random (embeddings copied from the teacher; the default) or convert "
+                           "(made from the teacher's weights; needs --arch k3)")  # fmt: skip
     init.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation")
     init.add_argument("--transfer-steps", type=int, default=0, help="--init convert: steps of attention transfer (mixers trained on the teacher's per-layer attention outputs; 0 = off)")
     init.add_argument("--transfer-prompts", type=int, help="attention transfer: general-domain train prompts (default 256), each with the teacher's greedy reply")

@@ -10,11 +10,13 @@ done so far is rewritten (`mopd.bench.seeds`): summary.json, summary.md and summ
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,20 +32,51 @@ class SweepError(RecipeError):
     """A sweep's seeds did not all finish; the message names them and their logs."""
 
 
+SEEDS_EXPECTED = "expected comma-separated seeds and ranges, e.g. 0,1,2 or 0-17 or 0-2,5,9-11"
+SEED_ITEM = re.compile(r"^(\d+)(?:\s*-\s*(\d+))?$")
+
+
 def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise RecipeError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise RecipeError(f"--seeds {text!r}: give at least one seed, each once")
+    """`--seeds`: seeds (`5`) and inclusive ranges (`0-17`), comma-separated, in the order given; every seed
+    a non-negative integer, given once, and at least one."""
+    items = [item.strip() for item in text.split(",")]
+    if items == [""]:
+        raise RecipeError(f"--seeds {text!r}: give at least one seed; {SEEDS_EXPECTED}")
+    seeds = [seed for item in items for seed in seed_item(item, text)]
+    repeated = sorted(seed for seed, times in Counter(seeds).items() if times > 1)
+    if repeated:
+        named = f"seed{'s' if len(repeated) > 1 else ''} {', '.join(map(str, repeated))}"
+        raise RecipeError(f"--seeds {text!r}: {named} given more than once; give each seed once")
     return seeds
+
+
+def seed_item(item: str, text: str) -> list[int]:
+    """The seeds of one comma-separated item of `--seeds`: `5` or the inclusive range `0-17`."""
+    match = SEED_ITEM.match(item)
+    if match is None:
+        what = "an empty item" if not item else "a negative seed" if item.startswith("-") else f"{item!r} is not a seed or a range"
+        raise RecipeError(f"--seeds {text!r}: {what}; {SEEDS_EXPECTED}")
+    first, last = int(match[1]), int(match[2] or match[1])
+    if last < first:
+        raise RecipeError(f"--seeds {text!r}: the range {item} runs backwards; write {last}-{first}")
+    return list(range(first, last + 1))
+
+
+def format_seeds(seeds: list[int]) -> str:
+    """`seeds` as `--seeds` text that parses back to the same list: runs of three or more consecutive seeds as ranges."""
+    items: list[list[int]] = []
+    for seed in seeds:
+        if items and seed == items[-1][-1] + 1:
+            items[-1].append(seed)
+        else:
+            items.append([seed])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)) for run in items)
 
 
 def run_sweep(recipe: str, seeds: list[int], out: Path, overrides: list[str], parallel: int = 1) -> Path:
     """Run the recipe once per seed (resuming finished work), then write the summary into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["mopd", "sweep", recipe, "--seeds", ",".join(map(str, seeds)), "--out", str(out), *overrides])
+    command = shlex.join(["mopd", "sweep", recipe, "--seeds", format_seeds(seeds), "--out", str(out), *overrides])
     finished: dict[int, Path] = {}
     failed: list[int] = []
     lock = threading.Lock()

@@ -202,3 +202,30 @@ def test_a_ray_that_will_not_start_is_one_line_naming_where_and_how_to_resume(mo
     err = capsys.readouterr().err
     assert err.startswith("mopd run: error: could not start a local Ray node (The current node timed out during startup.")
     assert "re-run the same command to resume" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_init_convert_without_arch_k3_is_refused_in_one_line_before_anything_is_read(tmp_path, capsys):
+    """`--init convert` converts into a K3 hybrid: without `--arch k3` it is refused first, before the
+    `--arch same` check for `--layers` and before the teacher (here: none) is opened."""
+    out = tmp_path / "student"
+    for arch in ([], ["--arch", "same"]):
+        argv = ["init-student", "--from", str(tmp_path / "no-teacher"), "--out", str(out), "--init", "convert", *arch]
+        assert run_cli(*argv, "--layers", "2") == 2
+        assert capsys.readouterr().err == (
+            "mopd init-student: error: --init convert needs --arch k3 "
+            "(it converts the teacher into a K3 hybrid; --arch is same)\n"
+        )
+    assert run_cli("init-student", "--from", str(tmp_path / "no-teacher"), "--out", str(out), "--init", "convert") == 2
+    assert "--init convert needs --arch k3" in capsys.readouterr().err  # not "--arch same needs --layers N"
+    assert not out.exists()
+    # with --arch k3 the combination passes, and the next thing checked is the teacher
+    assert run_cli("init-student", "--from", str(tmp_path / "no-teacher"), "--out", str(out), "--arch", "k3", "--init", "convert") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mopd init-student: error: --from {tmp_path / 'no-teacher'}: ") and err.count("\n") == 1
+
+
+def test_init_takes_only_random_or_convert(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("init-student", "--from", str(tmp_path), "--out", str(tmp_path / "s"), "--arch", "k3", "--init", "copy")
+    assert exit_.value.code == 2
+    assert "argument --init: invalid choice: 'copy' (choose from 'random', 'convert')" in capsys.readouterr().err

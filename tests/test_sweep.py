@@ -4,6 +4,7 @@ bench reports whose answers are known. (The command end to end: tests/test_smoke
 import json
 import math
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from mopd.bench.seeds import summarise, verdict, write_summary
+from mopd.recipe import RecipeError
 from mopd.stats import Interval, accuracy, clustered, detectable, gain_share, ratio, two_way
+from mopd.sweep import format_seeds, parse_seeds
 from tests.planted import CELLS, TASKS, write_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,10 +166,69 @@ def test_interval_text_says_when_there_is_one_draw():
 
 def test_sweep_refuses_bad_seeds_before_any_run(tmp_path):
     mopd = Path(sys.executable).parent / "mopd"
-    result = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", "--seeds", "0,0", "--out", str(tmp_path / "s")],
+    result = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", "--seeds", "0-2,1", "--out", str(tmp_path / "s")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--seeds '0,0': give at least one seed, each once" in result.stderr
-    assert "Traceback" not in result.stderr and not (tmp_path / "s").exists()
+    assert result.returncode == 2
+    assert result.stderr == "mopd sweep: error: --seeds '0-2,1': seed 1 given more than once; give each seed once\n"
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds"),
+    [
+        ("0,1,2", [0, 1, 2]),
+        ("0-17", list(range(18))),
+        ("0-2,5,9-11", [0, 1, 2, 5, 9, 10, 11]),
+        ("9-11, 0 - 2", [9, 10, 11, 0, 1, 2]),  # the order given is the order run; spaces are ignored
+        ("7-7", [7]),
+        ("3", [3]),
+    ],
+)
+def test_seeds_take_ranges_and_lists_mixed_and_their_text_parses_back(text, seeds):
+    assert parse_seeds(text) == seeds
+    assert parse_seeds(format_seeds(seeds)) == seeds
+
+
+def test_the_summary_command_writes_runs_of_seeds_as_ranges():
+    assert format_seeds(list(range(18))) == "0-17"
+    assert format_seeds([0, 1, 2, 5, 9, 10, 11]) == "0-2,5,9-11"
+    assert format_seeds([0, 1, 5, 4, 3]) == "0,1,5,4,3"  # only rising runs of three or more become ranges
+
+
+def test_the_summary_command_parses_back_to_the_sweep_seeds(tmp_path, monkeypatch):
+    import mopd.sweep
+
+    commands = []
+    monkeypatch.setattr(mopd.sweep, "run_seed", lambda *args, **kwargs: True)  # every seed "finished"
+    monkeypatch.setattr(mopd.sweep, "summarise", lambda finished: finished)
+    monkeypatch.setattr(mopd.sweep, "write_summary", lambda summary, out, command: commands.append(command))
+    seeds = parse_seeds("0-2,5,9-11")
+    mopd.sweep.run_sweep("recipes/tiny.yaml", seeds, tmp_path, ["distill.steps=3"])
+    argv = shlex.split(commands[-1])
+    assert argv[:3] == ["mopd", "sweep", "recipes/tiny.yaml"] and argv[-1] == "distill.steps=3"
+    assert argv[argv.index("--seeds") + 1] == "0-2,5,9-11" and len(commands) == len(seeds)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "--seeds '': give at least one seed; expected comma-separated seeds and ranges, e.g. 0,1,2 or 0-17 or 0-2,5,9-11"),
+        ("  ", "--seeds '  ': give at least one seed; expected"),
+        ("5-2", "--seeds '5-2': the range 5-2 runs backwards; write 2-5"),
+        ("0-2,1-3", "--seeds '0-2,1-3': seeds 1, 2 given more than once; give each seed once"),
+        ("-1", "--seeds '-1': a negative seed; expected comma-separated seeds and ranges"),
+        ("-3-2", "--seeds '-3-2': a negative seed; expected"),
+        ("0,,1", "--seeds '0,,1': an empty item; expected"),
+        ("0,1,", "--seeds '0,1,': an empty item; expected"),
+        ("0..3", "--seeds '0..3': '0..3' is not a seed or a range; expected comma-separated seeds and ranges"),
+        ("1 2", "--seeds '1 2': '1 2' is not a seed or a range; expected"),
+        ("x", "--seeds 'x': 'x' is not a seed or a range; expected"),
+    ],
+)
+def test_bad_seeds_name_the_flag_and_what_is_expected(text, expected):
+    with pytest.raises(RecipeError) as err:
+        parse_seeds(text)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
 
 
 def test_a_repeated_content_is_one_cluster_so_its_copies_do_not_narrow_the_interval(tmp_path):

@@ -46,6 +46,7 @@ def init_student(
     `transfer_prompts` train-split prompts at learning rate `transfer_lr` (None: the stage's defaults)."""
     from transformers import AutoTokenizer
 
+    check_arch_and_init(arch, init, transfer_steps)
     teacher, out = Path(teacher), Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise StudentInitError(f"{out}: exists and is not empty; choose a new directory")
@@ -54,23 +55,29 @@ def init_student(
     except CheckpointError as err:
         raise StudentInitError(f"--from {teacher}: {err}") from None
     transfer = {"steps": transfer_steps, "prompts": transfer_prompts, "lr": transfer_lr, "seed": seed}
-    if transfer_steps and (arch, init) != ("k3", "convert"):
-        raise StudentInitError("--transfer-steps: attention transfer trains converted mixers; use it with --arch k3 --init convert")
     torch.manual_seed(seed)
     if arch == "same":
         model, made = depth_pruned(teacher, config, layers)
-    elif arch == "k3" and init == "convert":
+    elif init == "convert":
         model, made = k3_converted(teacher, config, preset, layers, transfer)
-    elif arch == "k3" and init == "random":
-        model, made = k3_random(teacher, config, preset, layers)
-    elif arch == "k3":
-        raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
     else:
-        raise StudentInitError(f"--arch {arch!r}: choose 'same' or 'k3'")
+        model, made = k3_random(teacher, config, preset, layers)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
     write_json_atomic(out / "init_student.json", {"teacher": str(teacher.resolve()), "arch": arch, "seed": seed, **made})
     return out
+
+
+def check_arch_and_init(arch: str, init: str, transfer_steps: int) -> None:
+    """Refuse a combination of --arch, --init and --transfer-steps that names no student, before any file is read."""
+    if arch not in ("same", "k3"):
+        raise StudentInitError(f"--arch {arch!r}: choose 'same' or 'k3'")
+    if init not in ("random", "convert"):
+        raise StudentInitError(f"--init {init!r}: choose 'random' or 'convert'")
+    if init == "convert" and arch != "k3":
+        raise StudentInitError(f"--init convert needs --arch k3 (it converts the teacher into a K3 hybrid; --arch is {arch})")
+    if transfer_steps and (arch, init) != ("k3", "convert"):
+        raise StudentInitError("--transfer-steps: attention transfer trains converted mixers; use it with --arch k3 --init convert")
 
 
 # ----------------------------------------------------------------------------- --arch same

@@ -7,14 +7,17 @@ Teacher and student may be any HF causal LMs that share a tokenizer (a K3 hybrid
 architecture: `mopd init-student` makes a student from a teacher); the student samples through the
 rollout engine, vLLM wherever it is installed, and so does the teacher in the held-out eval. Prompts
 come from a domain's environment at one effort (its train split), or from a task file (see
-`mopd.envs.data.load_task_file`). The loss options and their defaults are the recipe's
-`DistillSpec`.
+`mopd.envs.data.load_task_file`), whose rows outside the train split (by content key,
+`mopd.envs.splits`) are never trained on. The loss options and their defaults are the schema's
+`DistillSpec` (a recipe's `distill:` block may set others); `--eval-tasks` is pair mode's own.
 
-Held out: with a domain, `eval_tasks` tasks of the cell's test split; with a task file, the rows
-whose content key (`mopd.envs.splits`) falls outside the train split, which are never trained on
-(up to `eval_tasks` of them are scored). After training, `eval.json` holds the mean held-out
-reward of the student before, the student after and the teacher (one sample per task, at the
-sampling temperature, the same seed for all three), and a paired 95% interval of after − before.
+Held out: up to `eval_tasks` tasks of the `eval_split` split, dev by default (for choosing
+settings; test only for the number a report quotes): with a domain, drawn from the cell's split of
+its environment; with a task file, its rows whose content key falls in that split. After training,
+`eval.json` names the split and the scored tasks' content keys, and holds the mean held-out reward
+of the student before, the student after and the teacher (one sample per task, at the sampling
+temperature, the same seed for all three), and a paired 95% interval of after − before. With no
+task of the split held out, no eval.json is written.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mopd.recipe import CELLS, DistillSpec, ImportanceSpec, validate
 from mopd.stats import mean_interval
 
 EVAL_TASKS = 32  # held-out tasks scored after a pair run (the recipe's stage scores none by default)
+EVAL_SPLITS = ("dev", "test")  # dev to choose settings on, test only to report
 
 
 class PairError(ValueError):
@@ -58,19 +62,23 @@ def distill_pair(
     env_options: dict[str, dict] | None = None,
     backend: str | None = None,
     seed: int = 0,
+    eval_split: str = "dev",
     progress: bool = True,
     **spec_fields: Any,
 ) -> Path:
-    """Distil `teacher` into `student` on one cell or a task file, then score the held-out tasks
-    (`out_dir/eval.json`, unless `eval_tasks=0` or none is held out); returns the student checkpoint."""
+    """Distil `teacher` into `student` on one cell or a task file, then score the held-out tasks of
+    `eval_split` (`out_dir/eval.json`, unless `eval_tasks=0` or none is held out); returns the student checkpoint."""
     from mopd.artifacts import write_json_atomic
     from mopd.distill.trainer import train_mopd
     from mopd.envs.sandbox import resolve_backend
+    from mopd.envs.splits import task_keys
 
+    if eval_split not in EVAL_SPLITS:
+        raise PairError(f"eval split {eval_split!r}: choose {' or '.join(EVAL_SPLITS)} (dev to choose settings, test to report)")
     backend = backend or default_backend()
     efforts = efforts or default_effort_specs()
     spec = validate(DistillSpec, {"teacher_actors": False, "eval_tasks": EVAL_TASKS, **spec_fields}, source="mopd distill")
-    train, held_out, cells = pair_tasks(domain, effort, data_file, verifier, env_options or {}, spec.eval_tasks, seed)
+    train, held_out, cells = pair_tasks(domain, effort, data_file, verifier, env_options or {}, spec.eval_tasks, seed, eval_split)
     if any(cell.startswith("code-") for cell in cells):  # refuse before any model loads, not at the first verdict
         code = (env_options or {}).get("code", {})
         resolve_backend(code.get("backend", "auto"), code.get("allow_degraded", False))
@@ -84,12 +92,13 @@ def distill_pair(
     if held_out:
         models = {"student_before": Path(student), "student_after": final, "teacher": Path(teacher)}
         report = held_out_eval(models, held_out, cells, env_options or {}, efforts, backend, spec.temperature, seed)
-        write_json_atomic(out_dir / "eval.json", {"held_out": held_out_source(domain, effort, data_file), **report})
+        source = {"held_out": held_out_source(domain, effort, data_file, eval_split), "split": eval_split}
+        write_json_atomic(out_dir / "eval.json", {**source, "task_keys": task_keys(held_out), **report})
     return final
 
 
-def pair_tasks(domain, effort, data_file, verifier, env_options, eval_tasks: int, seed: int):
-    """(train tasks or None to draw from the env, held-out tasks, cells) of a pair run."""
+def pair_tasks(domain, effort, data_file, verifier, env_options, eval_tasks: int, seed: int, eval_split: str = "dev"):
+    """(train tasks or None to draw from the env, held-out tasks of `eval_split`, cells) of a pair run."""
     if data_file is not None:
         from mopd.envs.data import load_task_file
         from mopd.envs.splits import split_of
@@ -98,7 +107,7 @@ def pair_tasks(domain, effort, data_file, verifier, env_options, eval_tasks: int
         train = [t for t in tasks if split_of(t.meta["content_hash"]) == "train"]
         if not train:
             raise PairError(f"{data_file}: none of its {len(tasks)} rows falls in the train split (by content hash)")
-        held_out = [t for t in tasks if split_of(t.meta["content_hash"]) != "train"][:eval_tasks]
+        held_out = [t for t in tasks if split_of(t.meta["content_hash"]) == eval_split][:eval_tasks]
         return train, held_out, sorted({f"{t.domain}-{t.effort}" for t in tasks})
     if domain is None or effort is None:
         raise PairError("give --domain and --effort, or --data FILE")
@@ -109,14 +118,14 @@ def pair_tasks(domain, effort, data_file, verifier, env_options, eval_tasks: int
     if eval_tasks:
         from mopd.envs import get_env
 
-        held_out = get_env(domain, **env_options.get(domain, {})).sample(eval_tasks, seed, "test", effort)
+        held_out = get_env(domain, **env_options.get(domain, {})).sample(eval_tasks, seed, eval_split, effort)
     return None, held_out, [cell]
 
 
-def held_out_source(domain, effort, data_file) -> str:
+def held_out_source(domain, effort, data_file, eval_split: str) -> str:
     if data_file is not None:
-        return f"rows of {data_file} outside the train split"
-    return f"test split of {domain}-{effort}"
+        return f"{eval_split}-split rows of {data_file}, by content key"
+    return f"{eval_split} split of {domain}-{effort}"
 
 
 # ----------------------------------------------------------------------------- held-out eval
@@ -160,36 +169,50 @@ def paired_interval(after: list[float], before: list[float]) -> dict[str, float 
 
 
 # ----------------------------------------------------------------------------- command line
+def schema_default(tiny: str | None = None) -> str:
+    """Help text saying a training default is DistillSpec's, not a recipe's, and what recipes/tiny.yaml sets
+    (`tiny`; None: the same value)."""
+    if tiny is None:
+        return "default %(default)s: the schema's DistillSpec default; a recipe may set another (recipes/tiny.yaml sets the same)"
+    return f"default %(default)s: the schema's DistillSpec default, not a recipe's (recipes/tiny.yaml sets {tiny})"
+
+
 def add_distill_parser(subparsers) -> None:
-    """`mopd distill`: the block the CLI adds with one call. Training defaults are the recipe's (`DistillSpec`)."""
+    """`mopd distill`: the block the CLI adds with one call. Training defaults are the schema's (`DistillSpec`)."""
     import argparse
     from typing import get_args
 
-    recipe = DistillSpec()
+    schema = DistillSpec()
     parser = subparsers.add_parser("distill", help="distil one teacher into one student (pair mode)")
     parser.add_argument("--teacher", required=True, help="teacher HF checkpoint (any causal LM with the student's tokenizer)")
     parser.add_argument("--student", required=True, help="student HF checkpoint (a K3 hybrid or any causal LM with the teacher's tokenizer)")
     parser.add_argument("--out", required=True, help="output directory (model/, metrics.jsonl, checkpoints/, eval.json)")
     parser.add_argument("--domain", help="sample prompts from this domain's environment...")
     parser.add_argument("--effort", help="...at this effort (low, high, max)")
-    parser.add_argument("--data", help="or a JSONL/parquet task file (rows outside the train split are held out)")
+    parser.add_argument("--data", help="or a JSONL/parquet task file (its train-split rows are trained on, by content key)")
     parser.add_argument("--verifier", help="the task file's verifier (default: the domain, or general)")
-    parser.add_argument("--steps", type=int, default=recipe.steps)
-    parser.add_argument("--prompts-per-step", type=int, default=recipe.prompts_per_step)
-    parser.add_argument("--learning-rate", type=float, default=recipe.learning_rate)
+    parser.add_argument("--steps", type=int, default=schema.steps, help=f"training steps; {schema_default('36')}")
+    parser.add_argument("--prompts-per-step", type=int, default=schema.prompts_per_step, help=f"prompts sampled a step; {schema_default('23')}")
+    parser.add_argument("--learning-rate", type=float, default=schema.learning_rate, help=f"AdamW learning rate, constant; {schema_default('3e-4')}")
     parser.add_argument(
-        "--full-vocab-kl", action=argparse.BooleanOptionalAction, default=recipe.full_vocab_kl,
-        help="exact reverse KL over the whole vocabulary instead of the sampled-token estimate",
+        "--full-vocab-kl", action=argparse.BooleanOptionalAction, default=schema.full_vocab_kl,
+        help=f"exact reverse KL over the whole vocabulary instead of the sampled-token estimate; {schema_default()}",
     )  # fmt: skip
     parser.add_argument(
-        "--importance", choices=get_args(ImportanceSpec.model_fields["mode"].annotation), default=recipe.importance.mode,
-        help="sampler/trainer mismatch correction: icepop masks tokens whose ratio leaves [low, high], tis clips it",
+        "--importance", choices=get_args(ImportanceSpec.model_fields["mode"].annotation), default=schema.importance.mode,
+        help=f"sampler/trainer mismatch correction: icepop masks tokens whose ratio leaves [low, high], tis clips it; {schema_default()}",
     )  # fmt: skip
-    parser.add_argument("--importance-low", type=float, default=recipe.importance.low)
-    parser.add_argument("--importance-high", type=float, default=recipe.importance.high)
-    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS, help="held-out tasks scored into eval.json; 0 skips")
+    parser.add_argument("--importance-low", type=float, default=schema.importance.low, help=f"low end of the ratio; {schema_default()}")
+    parser.add_argument("--importance-high", type=float, default=schema.importance.high, help=f"high end of the ratio; {schema_default()}")
+    parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
+                        help="held-out tasks scored into eval.json; 0 skips (default %(default)s, pair mode's own: "
+                             "the schema's eval_tasks is 0, as a recipe's bench stage scores instead)")  # fmt: skip
+    parser.add_argument("--eval-split", choices=EVAL_SPLITS, default="dev",
+                        help="the split the held-out tasks come from (default %(default)s, for choosing settings; "
+                             "test only for the number you report)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompt draws, the sampling and the held-out draw (default %(default)s)")
     parser.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm when installed)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned before any engine starts (default 1, as a stage's worker on one CPU)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned before any engine starts (default %(default)s, as a stage's worker on one CPU)")
     parser.add_argument(
         "--allow-degraded-sandbox", action="store_true",
         help="without a working bubblewrap, judge code in the weaker rlimit sandbox instead of refusing",
@@ -210,7 +233,7 @@ def cmd_distill(args) -> int:
     try:
         final = distill_pair(
             args.teacher, args.student, args.out, domain=args.domain, effort=args.effort,
-            data_file=args.data, verifier=args.verifier, backend=args.backend,
+            data_file=args.data, verifier=args.verifier, backend=args.backend, seed=args.seed, eval_split=args.eval_split,
             env_options={"code": {"allow_degraded": True}} if args.allow_degraded_sandbox else None,
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
             full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks,
@@ -219,19 +242,19 @@ def cmd_distill(args) -> int:
         print(f"mopd distill: error: {err}", file=sys.stderr)
         return 2
     print(f"distilled student written to {final}")
-    print(eval_line(Path(args.out) / "eval.json", args.eval_tasks))
+    print(eval_line(Path(args.out) / "eval.json", args.eval_tasks, args.eval_split))
     return 0
 
 
-def eval_line(path: Path, eval_tasks: int) -> str:
-    """The three held-out numbers of eval.json, in one line."""
+def eval_line(path: Path, eval_tasks: int, eval_split: str = "dev") -> str:
+    """The three held-out numbers of eval.json and the split they were scored on, in one line."""
     from mopd.artifacts import read_json
 
     if not eval_tasks:
         return "held-out eval skipped (--eval-tasks 0)"
     report = read_json(path, default=None)
     if report is None:
-        return "held-out eval skipped: no task is held out (every row of the task file is in the train split)"
+        return f"held-out eval skipped: no task is held out (no row of the task file is in the {eval_split} split, by content key)"
 
     def reward(name: str) -> str:
         return f"{report[name]['reward']:.3f}" if "reward" in report[name] else "not scored"
@@ -239,8 +262,9 @@ def eval_line(path: Path, eval_tasks: int) -> str:
     diff = report["after_minus_before"]
     interval = f", 95% CI {diff['low']:+.3f} to {diff['high']:+.3f}" if diff["low"] is not None else ""
     return (
-        f"held-out reward on {report['tasks']} tasks ({report['held_out']}): student before {reward('student_before')}, "
-        f"after {reward('student_after')} (after − before {diff['mean']:+.3f}{interval}), teacher {reward('teacher')}; {path}"
+        f"held-out reward on {report['tasks']} {report['split']}-split tasks ({report['held_out']}): "
+        f"student before {reward('student_before')}, after {reward('student_after')} "
+        f"(after − before {diff['mean']:+.3f}{interval}), teacher {reward('teacher')}; {path}"
     )
 
 
