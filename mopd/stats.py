@@ -1,7 +1,7 @@
 """The project's statistics, at the bottom of the import graph: intervals over a few repeats
 (seeds), over seeds × tasks (`two_way`, paired by subtracting matrices first), over seeds × contents
 (`clustered`), ratios by the delta method (`ratio`), all as the mean ± a Student-t quantile times
-the standard error.
+the standard error; and the Wilson score interval of a proportion of 0/1 draws (`wilson`).
 
 Stdlib only, at the bottom of the import graph. scipy is not a dependency, so the t quantile is the
 inverse of the t CDF by bisection, the CDF through the regularized incomplete beta function
@@ -217,3 +217,24 @@ def detectable(x: Interval, power: float = 0.8) -> float:
 def with_t(mean: float, se: float, df: float) -> Interval:
     half = (t_quantile(0.975, df) if math.isfinite(df) else NORMAL_975) * se
     return Interval(mean, mean - half, mean + half, se, df)
+
+
+def wilson(successes: float, n: int, level: float = 0.95) -> Interval:
+    """The Wilson score interval of a proportion, `successes` of `n` 0/1 draws: the p whose score test
+    |p̂ − p| ≤ z·√(p(1 − p)/n) accepts p̂ (z the normal quantile at (1 + level)/2), i.e.
+
+        (p̂ + z²/2n ± z·√(p̂(1 − p̂)/n + z²/4n²)) / (1 + z²/n).
+
+    Unlike p̂ ± z·se it stays in [0, 1] and is not a point at 0 or n successes. `mean` is p̂, `se` the
+    binomial √(p̂(1 − p̂)/n), df infinite (a normal quantile)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n < 1 or not 0 <= successes <= n or successes != round(successes):
+        raise ValueError(f"wilson: needs a whole number of successes in [0, n] of n ≥ 1 draws, got {successes} of {n}")
+    z = statistics.NormalDist().inv_cdf((1.0 + level) / 2.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low = 0.0 if successes == 0 else centre - half
+    high = 1.0 if successes == n else centre + half
+    return Interval(p, low, high, math.sqrt(p * (1 - p) / n), math.inf)

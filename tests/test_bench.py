@@ -22,7 +22,7 @@ import yaml
 from mopd.base.sft import expert_transcripts, mix_domains, train_contents
 from mopd.bench import plots
 from mopd.bench.audit import audit_jobs
-from mopd.bench.report import TABLES, difference_se, markdown
+from mopd.bench.report import TABLES, accuracy_interval, difference, machine_text, markdown
 from mopd.bench.run import (
     ModelRef,
     bench_command,
@@ -31,9 +31,9 @@ from mopd.bench.run import (
     run_bench,
     run_bench_stage,
     run_models,
-    task_standard_error,
+    task_family,
 )
-from mopd.bench.suite import BenchError, SuiteError, distinct_draw, load_suite, make_env, select
+from mopd.bench.suite import BenchError, SuiteError, close, distinct_draw, load_suite, make_env, select
 from mopd.distill.routing import build_route_table
 from mopd.distill.trainer import task_source
 from mopd.envs import get_env, prompt_contents, text_contents
@@ -50,6 +50,7 @@ from mopd.rollout import engine_cache
 from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout
 from mopd.rollout.interface import PromptTooLongError
+from mopd.stats import t_quantile
 
 TINY_BUDGETS = {
     "low": {"budget_tokens": 4, "answer_tokens": 4},
@@ -417,8 +418,12 @@ def test_the_command_writes_report_markdown_and_plots(command_out):
     assert {(r["model"], r["effort"], r["tasks"]) for r in report["results"]} == {
         (model, effort, 1) for model in ("base", "trained") for effort in ("low", "high")
     }
-    assert {"cpu_count", "torch", "platform"} <= set(report["machine"])
+    assert {"cpu_count", "torch_threads", "torch", "platform"} <= set(report["machine"])  # describe_machine's
+    for row in report["results"]:  # one task a cell: no interval, but its mean is the accuracy
+        assert row["task_families"] == ["add"] and len(row["task_keys"]) == len(row["task_rewards"]) == 1
+        assert row["accuracy_interval"]["mean"] == row["accuracy"] and "accuracy_se" not in row
     text = (command_out / "report.md").read_text()
+    assert "Brackets are 95% intervals (`mopd.stats`)" in text and "## Accuracy by family" in text
     assert "| cell | base | trained |" in text and "| general/low |" in text
     # checkpoints from outside a run: no lineage to audit, and the report says so
     assert all("not inside a run directory" in r["audit"]["unavailable"] for r in report["results"])
@@ -491,10 +496,10 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
     ]
     per_task = {r["model"]: r["task_rewards"] for r in report["results"]}
     assert all(len(rewards) == SUITE["n"] for rewards in per_task.values())
-    gap, two_se = cells[5].split(" ± ")
-    assert gap == f"{accuracy['student'] - accuracy['general-low']:+.2f}"
-    differences = [s - t for s, t in zip(per_task["student"], per_task["general-low"])]
-    assert two_se == f"{2 * statistics.stdev(differences) / math.sqrt(len(differences)):.2f}"
+    differences = [s - t for s, t in zip(per_task["student"], per_task["general-low"])]  # two distinct contents
+    half = t_quantile(0.975, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(len(differences))
+    middle = statistics.fmean(differences)
+    assert cells[5] == f"{middle:+.2f} [{middle - half:+.2f}, {middle + half:+.2f}]"
     with pytest.raises(BenchError, match=r"no recipe\.json"):
         bench_run_dir(tmp_path / "not_a_run")
 
@@ -518,35 +523,60 @@ def test_pipeline_stage_benchmarks_its_inputs_into_the_stage_dir(tmp_path, check
     assert report["backend"] == "hf" and (run_dir / "bench" / "report.md").is_file()
 
 
-def test_accuracy_standard_error_counts_tasks_not_samples():
-    assert task_standard_error([[1.0, 1.0], [0.0, 0.0]]) == pytest.approx(0.5)  # two tasks: means 1 and 0
-    assert task_standard_error([[1.0, 0.0], [1.0, 0.0]]) == 0.0  # the same mean on every task
-    assert math.isnan(task_standard_error([[1.0, 0.0, 1.0]]))  # one task: no spread to measure
+def test_a_cells_accuracy_interval_is_t_over_contents_or_wilson_for_an_external_proportion():
+    """Ten tasks, 5 right, contents a, a, b, ..., i with a's two tasks right: the 9 contents weigh once, 4 of 9
+    right, mean 0.4444 ± t_{.975,8}·s/√9 = 0.4444 ± 2.3060·0.52705/3 = [0.0393, 0.8496]; each content once with
+    0/1 answers, an external suite's 3 of 5 is the Wilson interval [0.2307, 0.8824] (p̂ + z²/2n ± ..., z = 1.96)."""
+    generated = accuracy_interval([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0], list("aabcdefghi"), 1, external=False)
+    assert (generated.mean, generated.low, generated.high) == (
+        pytest.approx(4 / 9), pytest.approx(0.0393, abs=1e-4), pytest.approx(0.8496, abs=1e-4))
+    wilson = accuracy_interval([1.0, 1.0, 0.0, 0.0, 1.0], ["a", "b", "c", "d", "e"], 1, external=True)
+    assert (wilson.mean, wilson.low, wilson.high) == (0.6, pytest.approx(0.2307, abs=1e-4), pytest.approx(0.8824, abs=1e-4))
+    two_samples = accuracy_interval([1.0, 0.5, 0.0, 0.5], ["a", "b", "c", "d"], 2, external=True)  # mean@2: t over problems
+    assert two_samples.df == 3 and two_samples.mean == 0.5
+    assert math.isnan(accuracy_interval([1.0, 0.0], ["a", "a"], 1, external=False).low)  # one content: no interval
 
 
-def test_difference_se_pairs_rows_scored_on_the_same_tasks():
-    ours = {"accuracy": 0.5, "accuracy_se": 0.25, "task_rewards": [1.0, 1.0, 0.0, 0.0]}
-    same_but_one = {"accuracy": 0.25, "accuracy_se": 0.25, "task_rewards": [1.0, 0.0, 0.0, 0.0]}
-    assert difference_se(ours, same_but_one) == pytest.approx(statistics.stdev([0, 1, 0, 0]) / 2)  # 0.25
-    assert difference_se(ours, ours) == 0.0  # the same outcome on every task: no noise in the difference
-    unpaired = {"accuracy": 0.25, "accuracy_se": 0.25}  # an older report: no per-task rewards
-    assert difference_se(ours, unpaired) == pytest.approx(math.hypot(0.25, 0.25))
-    other_tasks = {**same_but_one, "task_rewards": [1.0, 0.0]}
-    assert difference_se(ours, other_tasks) == pytest.approx(math.hypot(0.25, 0.25))
+def test_a_difference_is_paired_task_by_task_and_a_repeated_content_counts_once():
+    ours = {"task_rewards": [1.0, 1.0, 0.0, 0.0], "task_keys": ["a", "b", "c", "d"]}
+    same_but_one = {"task_rewards": [1.0, 0.0, 0.0, 0.0], "task_keys": ["a", "b", "c", "d"]}
+    gap = difference(ours, same_but_one)  # per-task differences 0, 1, 0, 0: mean 0.25, se 0.25, df 3
+    assert (gap.mean, gap.se, gap.df) == (0.25, pytest.approx(0.25), 3)
+    assert gap.low == pytest.approx(0.25 - t_quantile(0.975, 3) * 0.25)
+    assert difference(ours, ours).text() == "0.00 [0.00, 0.00]"  # the same outcome on every task: no noise
+    repeated = {"task_keys": ["a", "a", "c", "d"]}
+    clustered_gap = difference(ours | repeated, same_but_one | repeated)  # contents a, c, d: differences 0.5, 0, 0
+    assert (clustered_gap.mean, clustered_gap.df) == (pytest.approx(0.5 / 3), 2)
+    assert difference(ours, {"accuracy": 0.25}) is None  # an older report: no per-task rewards
+    assert difference(ours, {**same_but_one, "task_keys": ["a", "b", "c", "e"]}) is None  # other tasks: not paired
+
+
+def test_the_machine_line_reads_describe_machines_keys_and_older_reports():
+    new = {"cpu_count": 2, "torch_threads": 1, "torch": "2.13", "platform": "Linux", "load_average": [1.5, 1.0, 0.5]}
+    assert machine_text(new) == "2 CPUs, torch 2.13 on 1 thread(s), Linux, load average 1.5 at the end"
+    old = {"cpu_count": 2, "threads": 1, "torch": "2.13", "platform": "Linux"}  # docs/example-bench's keys
+    assert machine_text(old) == "2 CPUs, torch 2.13 on 1 thread(s), Linux"
+    example = json.loads((ROOT / "docs" / "example-bench" / "report.json").read_text())
+    assert "Not available: the report's rows carry no per-task families" in markdown(example)
 
 
 def test_report_scores_teachers_against_the_base_and_each_model_across_efforts():
-    accuracies = {  # each teacher answers only its own cell; code-max's teacher is worse than code-high's
-        "base": {"low": 0.2, "high": 0.3, "max": 0.7},
-        "student": {"low": 0.5, "high": 0.6, "max": 0.7},
-        "code-low": {"low": 0.52}, "code-high": {"high": 0.8}, "code-max": {"max": 0.55},
+    """Four tasks a cell, contents k1, k1, k2, k3: a difference's interval is over the three contents, paired.
+    code/high: teacher − base per content 0, 1, 1: 0.67 ± t_{.975,2}·0.57735/√3 = 0.67 ± 1.43 (its mean weighs k1
+    once, so it is not the 0.50 of the task means beside it); code/max: −0.5, −1, 0: −0.50 ± 4.3027·0.5/√3."""
+    rewards = {  # each teacher answers only its own cell; code-max's teacher is worse than the base
+        "base": {"low": [0, 0, 0, 0], "high": [0, 1, 0, 0], "max": [1, 1, 1, 0]},
+        "student": {"low": [1, 0, 1, 0], "high": [1, 1, 0, 0], "max": [1, 1, 1, 0]},
+        "code-low": {"low": [1, 1, 1, 1]}, "code-high": {"high": [0, 1, 1, 1]}, "code-max": {"max": [1, 0, 0, 0]},
     }  # fmt: skip
     other_metrics = dict.fromkeys((key for _, keys, _ in TABLES for key in keys), 0.0)
+    tasks = {"task_keys": ["k1", "k1", "k2", "k3"], "task_families": ["linear", "linear", "poly", "poly"]}
     results = [
-        {**other_metrics, "model": model, "domain": "code", "effort": effort, "accuracy": accuracy, "accuracy_se": 0.05}
-        for model, by_effort in accuracies.items()
-        for effort, accuracy in by_effort.items()
-    ]
+        {**other_metrics, **tasks, "model": model, "domain": "code", "effort": effort,
+         "accuracy": statistics.fmean(scores), "task_rewards": [float(x) for x in scores]}
+        for model, by_effort in rewards.items()
+        for effort, scores in by_effort.items()
+    ]  # fmt: skip
     models = [{"name": "base", "role": "base"}, {"name": "student", "role": "student"}] + [
         {"name": f"code-{e}", "role": "teacher", "cell": f"code-{e}"} for e in ("low", "high", "max")
     ]
@@ -566,15 +596,23 @@ def test_report_scores_teachers_against_the_base_and_each_model_across_efforts()
         return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
     assert rows("Teachers against the base (accuracy)") == [
-        ["code/low", "0.20", "0.52", "+0.32 ± 0.14", "yes"],
-        ["code/high", "0.30", "0.80", "+0.50 ± 0.14", "yes"],
-        ["code/max", "0.70", "0.55", "-0.15 ± 0.14", "no"],
+        ["code/low", "0.00", "1.00", "+1.00 [+1.00, +1.00]", "yes"],
+        ["code/high", "0.25", "0.75", "+0.67 [-0.77, +2.10]", "no"],
+        ["code/max", "0.75", "0.25", "-0.50 [-1.74, +0.74]", "no"],
     ]
+    assert "± 2 SE" not in text and "beyond 2 SE" not in text
     assert rows("Accuracy by effort") == [  # efforts in their own order, not the report's
-        ["base", "code", "0.20", "0.30", "0.70", "yes"],
-        ["student", "code", "0.50", "0.60", "0.70", "yes"],
-        ["teachers", "code", "0.52", "0.80", "0.55", "no"],
+        ["base", "code", "0.00", "0.25", "0.75", "yes"],
+        ["student", "code", "0.50", "0.50", "0.75", "no"],
+        ["teachers", "code", "1.00", "0.75", "0.25", "no"],
     ]
+    by_family = rows("Accuracy by family")  # every effort pooled, then each: two contents k2, k3 of poly
+    assert [row[:4] for row in by_family] == [
+        ["code", family, effort, "6" if effort == "all" else "2"]
+        for family in ("linear", "poly") for effort in ("all", "low", "high", "max")
+    ]  # fmt: skip
+    assert by_family[4][4:] == ["0.17 [0.00, 1.00]", "0.67 [0.67, 0.67]", "0.33 [0.00, 1.00]"]  # base, teacher, student
+    assert by_family[0][4] == "0.50 (no interval: one draw)"  # linear: the one content k1
     assert "## pass@k" not in text  # one sample per task: pass@1 is the accuracy table
 
 
@@ -835,4 +873,16 @@ def test_accuracy_within_budget_counts_over_budget_answers_as_wrong():
     assert metrics["raw_accuracy"] == 0.75 and metrics["accuracy"] == 0.25
     assert metrics["over_budget_rate"] == 0.5
     assert metrics["task_rewards"] == [0.5, 0.0]  # paired comparisons use the within-budget scores
+    assert metrics["task_families"] == ["general", "general"]  # a task without a family: its domain's
     assert (metrics["raw_pass_at_k"], metrics["pass_at_k"]) == (1.0, 0.5)
+
+
+def test_each_generated_task_names_its_family_and_an_external_one_its_category_or_domain():
+    suite = load_suite(ROOT / "eval" / "tiny.yaml")
+    recipe = load_recipe(ROOT / "recipes" / "tiny.yaml")
+    for domain in DOMAINS:
+        env = make_env(suite, domain, recipe.env_options(domain))
+        assert {task_family(t) for t in suite.tasks(env, "low")} == set(env.families)
+        close(env)
+    assert task_family(Task("bfcl-1", "bfcl", "low", "?", {"category": "parallel"})) == "parallel"
+    assert task_family(Task("humaneval-0", "humaneval", "low", "?", {})) == "humaneval"

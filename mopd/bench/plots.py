@@ -70,9 +70,8 @@ def labelled(report: dict[str, Any], title: str) -> str:
 
 
 def domain_axes(count: int, title: str):
-    figure, axes = plt.subplots(
-        1, count, figsize=(4.2 * count, 3.8), squeeze=False, sharey=True, layout="constrained"
-    )
+    width = 4.2 * count  # inches: one panel per domain
+    figure, axes = plt.subplots(1, count, figsize=(width, 3.8), squeeze=False, sharey=True, layout="constrained")
     figure.suptitle(title)
     return figure, list(axes[0])
 

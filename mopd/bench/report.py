@@ -2,6 +2,12 @@
 
 A report on a `split: train` suite, or on a dev/test suite let through with overlapping tasks
 (`--allow-overlap`), carries that `label` in its title and in every table's title.
+
+Every interval in it comes from `mopd.stats` under one rule (`INTERVAL_RULE`): a report is one
+pipeline seed, so a cell's scores are a 1 × contents matrix (`clustered` by the rows' `task_keys`)
+and `two_way` on it, or on the difference of two models' matrices, is the t interval over contents,
+paired task by task; a proportion of an external suite's one-sample 0/1 answers, each problem once,
+gets the Wilson score interval (`wilson`).
 """
 
 from __future__ import annotations
@@ -9,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ from mopd.artifacts import write_json_atomic, write_text_atomic
 from mopd.bench.audit import audit_text
 from mopd.bench.plots import accuracy_ratio, write_plots
 from mopd.envs.base import EFFORTS
+from mopd.stats import Interval, accuracy, clustered, subtract, two_way, wilson
 
 # (title, metric keys shown as "a / b", number format)
 TABLES: list[tuple[str, tuple[str, ...], str]] = [
@@ -30,6 +36,12 @@ TABLES: list[tuple[str, tuple[str, ...], str]] = [
     ("Throughput, generated tokens/s", ("tokens_per_s",), "{:.0f}"),
 ]
 AUDITED = {False: "the model's lineage", True: "any stage of the model's run"}  # external suites: the whole run
+INTERVAL_RULE = (
+    "Brackets are 95% intervals (`mopd.stats`): Student-t over a cell's distinct contents (a content's tasks "
+    "averaged into one, so a bracketed mean weighs each content once; differences paired task by task), or for "
+    "an external suite's one-sample 0/1 answers the Wilson score interval of the proportion; \"beyond noise\": "
+    "the interval lies above 0."
+)
 PLOTS = {
     "accuracy_vs_effort.png": "Accuracy vs effort, per domain",
     "accuracy_vs_tokens.png": "Accuracy vs mean generated tokens (runtime scaling)",
@@ -64,8 +76,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{len(report['models'])} model(s) on `{suite['path']}`: {tasks_text(report)}, "
         f"{suite['samples']} sample(s) per task (k = {suite['samples']}), "
         f"temperature {suite['temperature']}, backend {report['backend']}"
-        f"{workers_note(report.get('workers', 1))}. "
-        f"Machine: {machine['cpu_count']} CPUs, torch {machine['torch']}, {machine['platform']}.",
+        f"{workers_note(report.get('workers', 1))}. Machine: {machine_text(machine)}.",
         "",
         "Models: " + "; ".join(f"{m['name']} = `{m.get('path', '?')}`" + (f", {m['architecture']}" if m.get("architecture") else "")
                                for m in report["models"]) + ".",
@@ -75,6 +86,8 @@ def markdown(report: dict[str, Any]) -> str:
         + ". A sample is correct when the verifier accepts it and its thinking fits its effort's budget; "
         "raw accuracy ignores the budget."
         + (" Each teacher answers only its own cell; the `teacher` column shows it." if teachers else ""),
+        "",
+        INTERVAL_RULE,
     ]
     if "code_sandbox" in report:
         lines += ["", f"Code verified in the {report['code_sandbox']}."]
@@ -97,11 +110,23 @@ def markdown(report: dict[str, Any]) -> str:
     if student and teachers:
         lines += ["", f"## Student against its teachers (accuracy){label}", "", *recovery_table(report, student, teachers)]
     lines += ["", f"## Accuracy by effort{label}", "", *effort_table(report, names, teachers)]
+    lines += ["", f"## Accuracy by family{label}", "", *family_table(report, names, teachers)]
     if any(model.get("compute") for model in report["models"]):
         lines += ["", f"## Training compute{label}", "", *compute_table(report)]
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def machine_text(machine: dict[str, Any]) -> str:
+    """The machine line (`mopd.machine.describe_machine`); a report written before the bench used it
+    names the thread count `threads` and has no load average."""
+    threads = machine.get("torch_threads", machine.get("threads"))
+    load = machine.get("load_average")
+    return (
+        f"{machine['cpu_count']} CPUs, torch {machine['torch']}" + (f" on {threads} thread(s)" if threads else "")
+        + f", {machine['platform']}" + (f", load average {load[0]:.1f} at the end" if load else "")
+    )  # fmt: skip
 
 
 def tasks_text(report: dict[str, Any]) -> str:
@@ -148,7 +173,7 @@ def unavailable_notes(report) -> list[str]:
 def recovery_table(report, student: str, teachers: dict[str, str], target: float = 0.9) -> list[str]:
     """Per cell: how much of its teacher's accuracy the student recovers (MOPD's goal: ≥ 90%)."""
     lines = [
-        "| cell | teacher | student | student / teacher | ≥ 90% | student − teacher ± 2 SE |",
+        "| cell | teacher | student | student / teacher | ≥ 90% | student − teacher [95% CI] |",
         "|---|---:|---:|---:|:---:|---:|",
     ]
     for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (student, teacher)):
@@ -156,19 +181,19 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
         lines.append(
             f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
-            f"| {gap_text(ours, theirs)} |"
+            f"| {interval_text(difference(ours, theirs), '{:+.2f}')} |"
         )
     return lines
 
 
 def teacher_table(report, base: str, teachers: dict[str, str]) -> list[str]:
     """Per cell: what RL earned the teacher over the base it started from, on the same tasks."""
-    lines = ["| cell | base | teacher | teacher − base ± 2 SE | beyond 2 SE |", "|---|---:|---:|---:|:---:|"]
+    lines = ["| cell | base | teacher | teacher − base [95% CI] | beyond noise |", "|---|---:|---:|---:|:---:|"]
     for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (teacher, base)):
-        beyond = ours["accuracy"] - theirs["accuracy"] > 2 * difference_se(ours, theirs)
+        gap = difference(ours, theirs)
         lines.append(
-            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {gap_text(ours, theirs)} "
-            f"| {'yes' if beyond else 'no'} |"
+            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {interval_text(gap, '{:+.2f}')} "
+            f"| {beyond_noise(gap)} |"
         )
     return lines
 
@@ -202,6 +227,54 @@ def effort_table(report, names: list[str], teachers: dict[str, str]) -> list[str
     return lines
 
 
+def family_table(report, names: list[str], teachers: dict[str, str]) -> list[str]:
+    """Per domain and task family (the rows' `task_families`), each model's accuracy [95% interval] over
+    the family's tasks: every effort pooled (a content asked at several efforts is one cluster), then each
+    effort. The teacher column holds each cell's own teacher."""
+    if not all("task_families" in r and "task_keys" in r for r in report["results"]):
+        return ["Not available: the report's rows carry no per-task families (written before they did)."]
+    efforts = [effort for effort in EFFORTS if effort in report["efforts"]]
+    columns = [*names[:1], "teacher", *names[1:]] if teachers else names
+    rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"]}
+    samples, external = report["suite"]["samples"], report["suite"].get("split") == "external"
+    number = "{:.3f}" if external else "{:.2f}"
+    lines = ["| domain | family | effort | answers a model | " + " | ".join(columns) + " |",
+             "|---|---|---|---:|" + "---:|" * len(columns)]  # fmt: skip
+    for domain, family in families(report):
+        for chosen in [efforts, *([e] for e in efforts)] if len(efforts) > 1 else [efforts]:
+            scored = [
+                family_scores(rows, domain, family, {e: teachers.get(f"{domain}-{e}") if c == "teacher" else c for e in chosen})
+                for c in columns
+            ]  # fmt: skip
+            counted = next((len(rewards) * samples for rewards, _ in filter(None, scored)), None)
+            if counted is None:
+                continue
+            values = ["—" if s is None else accuracy_interval(*s, samples, external).text(number) for s in scored]
+            effort = "all" if len(chosen) > 1 else chosen[0]
+            lines.append(f"| {domain} | {family} | {effort} | {counted} | " + " | ".join(values) + " |")
+    return lines
+
+
+def families(report) -> list[tuple[str, str]]:
+    """(domain, family) pairs in the order the cells' tasks first show them."""
+    return list(dict.fromkeys((r["domain"], family) for r in report["results"] for family in r["task_families"]))
+
+
+def family_scores(rows, domain: str, family: str, model_of: dict[str, str | None]) -> tuple[list[float], list[str]] | None:
+    """The per-task scores and content keys of a family's tasks at some efforts, `model_of[effort]`
+    answering each; None where a model did not answer one of them or none of its tasks is of the family."""
+    rewards: list[float] = []
+    keys: list[str] = []
+    for effort, model in model_of.items():
+        row = rows.get((model, domain, effort))
+        if row is None:
+            return None
+        picked = [j for j, name in enumerate(row["task_families"]) if name == family]
+        rewards += [row["task_rewards"][j] for j in picked]
+        keys += [row["task_keys"][j] for j in picked]
+    return (rewards, keys) if rewards else None
+
+
 def compute_table(report) -> list[str]:
     """Each model's training compute (`mopd.compute`), from its run's stage.json files: the base SFT
     once, as its own row, then what each model's lineage trained after the base."""
@@ -232,19 +305,36 @@ def compute_row(name: str, compute: dict[str, Any], student_flops: float | None)
     )
 
 
-def gap_text(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
-    return f"{ours['accuracy'] - theirs['accuracy']:+.2f} ± {fmt(2 * difference_se(ours, theirs), '{:.2f}')}"
+# ----------------------------------------------------------------------------- intervals
+def accuracy_interval(rewards: list[float], keys: list[str] | None, samples: int, external: bool) -> Interval:
+    """Accuracy over some tasks with its 95% interval: for an external suite's 0/1 answers, one sample
+    a problem and each problem once, the Wilson interval of the proportion; otherwise `accuracy` of the
+    1 × contents matrix (`clustered` by `keys`: a t interval over contents, cut to [0, 1])."""
+    once = keys is not None and len(set(keys)) == len(keys)
+    if external and samples == 1 and once and set(rewards) <= {0.0, 1.0}:
+        return wilson(sum(rewards), len(rewards))
+    return accuracy(clustered([rewards], keys))
 
 
-def difference_se(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
-    """Standard error of a difference of two accuracies. Scored on the same tasks (both rows hold
-    per-task rewards) it is paired: the spread of the per-task differences, which shared tasks and
-    shared sampling seeds keep small (student and code-low teacher agreed on 88% of 128 tasks:
-    0.030 paired against 0.063 as if independent). Otherwise as if independent."""
+def difference(ours: dict[str, Any], theirs: dict[str, Any]) -> Interval | None:
+    """ours − theirs in accuracy with its 95% interval, paired task by task (`two_way` of the difference
+    of the 1 × contents matrices); None unless both rows hold per-task scores of the same tasks."""
     a, b = ours.get("task_rewards"), theirs.get("task_rewards")
-    if a and b and len(a) == len(b) > 1:
-        return statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(len(a))
-    return math.hypot(ours.get("accuracy_se", math.nan), theirs.get("accuracy_se", math.nan))
+    keys = ours.get("task_keys")
+    if not a or not b or len(a) != len(b) or keys != theirs.get("task_keys"):
+        return None
+    return two_way(subtract(clustered([a], keys), clustered([b], keys)))
+
+
+def interval_text(interval: Interval | None, number: str = "{:.2f}") -> str:
+    return "—" if interval is None else interval.text(number)
+
+
+def beyond_noise(interval: Interval | None) -> str:
+    """"yes" where the interval lies above 0; "—" where there is none."""
+    if interval is None or math.isnan(interval.low):
+        return "—"
+    return "yes" if interval.low > 0 else "no"
 
 
 def cell_text(row: dict[str, Any] | None, keys: tuple[str, ...], number: str) -> str:

@@ -10,7 +10,9 @@ training records of the model's lineage; a dev or test suite with any overlap st
 `allow_overlap`. Then each model answers its cells' tasks through the shared episode loop
 (`run_rollouts`), which verifies and shapes each answer. A sample counts as correct when the
 verifier accepts it and its thinking fits the effort's budget (`accuracy`, `pass_at_k`);
-`raw_accuracy` (the verdict alone) and the over-budget rate stand beside it. Models that differ only in weights
+`raw_accuracy` (the verdict alone) and the over-budget rate stand beside it. Each row keeps its per-task scores
+(`task_rewards`), content keys (`task_keys`) and families (`task_families`), in the cell's task order, and its
+`accuracy_interval` (`mopd.bench.report.accuracy_interval`). Models that differ only in weights
 share one engine: the next one's weights are swapped in (`update_weights`), no restart.
 A cell's tasks go to the engine together (or in batches of the suite's `batch_tasks`): a
 request's latency is the wall time of the call that served it, throughput the generated
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.sandbox import describe_backend
 from mopd.envs.splits import task_keys
+from mopd.machine import describe_machine
 from mopd.model.config import CheckpointError, read_model_config
 from mopd.recipe import CELLS, Recipe, Resources, validate
 from mopd.rollout.engine_cache import EngineCache
@@ -135,16 +137,18 @@ def run_bench(
     finally:
         for env in envs.values():
             close(env)
+    from mopd.bench.report import accuracy_interval, write_report  # matplotlib: not in the engine workers
+
     keys = {cell.name: task_keys(cell.tasks) for cell in cells}
     for row in results:
         cell = f"{row['domain']}-{row['effort']}"
         row["audit"], row["task_keys"] = audits[(row["model"], cell)], keys[cell]  # keys: the sweep clusters by them
+        interval = accuracy_interval(row["task_rewards"], row["task_keys"], row["samples"], chosen.external)
+        row["accuracy_interval"] = {"mean": interval.mean, "low": interval.low, "high": interval.high}
     report = build_report(refs, chosen, str(suite), backend, budgets, results, workers, overlapping)
     if code_sandbox:
         report["code_sandbox"] = describe_backend(code_sandbox)
     if out is not None:
-        from mopd.bench.report import write_report
-
         write_report(report, Path(out))
     return report
 
@@ -541,8 +545,8 @@ def cell_metrics(
         "samples": len(rollouts) // len(groups),
         "budget_tokens": budget.budget_tokens,
         "accuracy": mean(s for group in scores for s in group),
-        "accuracy_se": task_standard_error(scores),
         "task_rewards": [mean(group) for group in scores],  # paired comparisons
+        "task_families": [task_family(group[0].task) for group in groups],  # accuracy by family
         "pass_at_k": mean(any(r.verdict.passed and not r.over_budget for r in group) for group in groups),
         "raw_accuracy": mean(r.verdict.reward for r in rollouts),
         "raw_pass_at_k": mean(any(r.verdict.passed for r in group) for group in groups),
@@ -571,6 +575,11 @@ def answers(groups: list[list[Rollout]]) -> list[dict]:
     ]  # fmt: skip
 
 
+def task_family(task: Task) -> str:
+    """A task's family: the generators' `meta["family"]`, BFCL's category, else its domain (HumanEval, GSM)."""
+    return task.meta.get("family") or task.meta.get("category") or task.domain
+
+
 def within_budget(rollout: Rollout) -> float:
     """The verdict's reward where the thinking fits the effort's budget, else 0: the budget is the protocol."""
     return 0.0 if rollout.over_budget else rollout.verdict.reward
@@ -579,14 +588,6 @@ def within_budget(rollout: Rollout) -> float:
 def mean(values: Iterable[float]) -> float:
     values = [float(v) for v in values]
     return sum(values) / len(values) if values else math.nan
-
-
-def task_standard_error(rewards_per_task: list[list[float]]) -> float:
-    """Standard error of the mean reward with tasks as the unit: samples of one task are not independent."""
-    task_means = [mean(rewards) for rewards in rewards_per_task]
-    if len(task_means) < 2:
-        return math.nan
-    return float(np.std(task_means, ddof=1) / math.sqrt(len(task_means)))
 
 
 def p90(values: Iterable[float]) -> float:
@@ -606,7 +607,7 @@ def build_report(
         "efforts": {effort: spec.model_dump() for effort, spec in budgets.items() if effort in suite.efforts},
         "models": [model_entry(ref) for ref in refs],
         "results": results,
-        "machine": machine(),
+        "machine": describe_machine(),
     }
     if suite.external:
         report["audit_line"] = external_audit_line(results)
@@ -642,12 +643,3 @@ def report_label(split: str, overlapping: bool) -> str | None:
         return "training tasks"
     return "overlapping or unaudited: some tasks were trained on, or what a model trained on is unknown" if overlapping else None
 
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
-    }

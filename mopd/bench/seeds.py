@@ -20,6 +20,11 @@ The claims, as the summary tests them:
      low < high < max.
 A claim "holds" when the means satisfy it and is "beyond noise" when the 95% interval does too; a
 claim over every cell does not hold where a cell could not be measured, and names it.
+
+Beside the claims, accuracy by task family (`families`): per domain and family, each model's
+accuracy over seeds × the family's contents, every effort pooled (a content asked at several
+efforts is one cluster) and per effort, with the number of answers behind it. It needs the rows'
+`task_families`; reports written before them leave it empty, and the summary says so.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
         "cells": {f"{d}-{e}": cell_summary(reports, d, e, baselines) for d, e in cells},
         "pooled": pooled_summary(reports, cells, baselines),
         "efforts": {d: effort_summary(reports, d) for d in dict.fromkeys(d for d, _ in cells)},
+        "families": families_summary(reports, cells, baselines),
+        "seeds_without_families": [seed for seed, report in reports.items() if not has_families(report)],
     }
     summary["compute"] = compute_ratios(summary["runs"])
     summary["curves"] = curves_summary(runs)
@@ -253,6 +260,55 @@ def joined(matrices: list[Matrix | None]) -> Matrix | None:
     return [list(itertools.chain.from_iterable(x[seed] for x in matrices)) for seed in range(len(matrices[0]))]
 
 
+# ---------------------------------------------------------------------------------- per family
+def has_families(report: dict[str, Any]) -> bool:
+    return all("task_families" in row for row in report["results"])
+
+
+def families_summary(reports: dict[int, dict], cells: list[tuple[str, str]], baselines: list[str]) -> dict[str, Any]:
+    """domain → family → each model's accuracy over seeds × the family's contents, every effort pooled,
+    with `answers` (a model's, over seeds, efforts and samples) and `contents`, and the same per effort
+    in `by_effort`; {} where a report predates the rows' `task_families`."""
+    if not all(has_families(report) for report in reports.values()):
+        return {}
+    models = ("base", "teacher", "student", *baselines)
+    out: dict[str, Any] = {}
+    for domain in dict.fromkeys(d for d, _ in cells):
+        efforts = [e for d, e in cells if d == domain]
+        for family in dict.fromkeys(f for e in efforts for f in families_of(reports, domain, e)):
+            pooled = family_summary(reports, domain, family, efforts, models)
+            by_effort = {e: family_summary(reports, domain, family, [e], models) for e in efforts}
+            out.setdefault(domain, {})[family] = {**pooled, "by_effort": {e: v for e, v in by_effort.items() if v["answers"]}}
+    return out
+
+
+def families_of(reports: dict[int, dict], domain: str, effort: str) -> list[str]:
+    """Each task's family in a cell (the same for every seed: one suite); none for a cell not scored."""
+    row = next((r for r in next(iter(reports.values()))["results"] if (r["domain"], r["effort"]) == (domain, effort)), None)
+    return row["task_families"] if row else []
+
+
+def family_summary(reports: dict[int, dict], domain: str, family: str, efforts: list[str], models) -> dict[str, Any]:
+    """The models' accuracy (`accuracy` of the seeds × contents matrix) on a family's tasks at some efforts."""
+    columns = {e: [j for j, name in enumerate(families_of(reports, domain, e)) if name == family] for e in efforts}
+    keys = [contents_of(reports, domain, e) for e in efforts]
+    picked_keys = None if None in keys else [k[j] for k, js in zip(keys, columns.values()) for j in js]
+    tasks = sum(len(js) for js in columns.values())
+    out: dict[str, Any] = {
+        "answers": len(reports) * tasks * next(iter(reports.values()))["suite"]["samples"],
+        "contents": None if picked_keys is None else len(set(picked_keys)),
+    }
+    if not tasks:
+        return out
+    for name in models:
+        parts = [task_matrix(reports, name, domain, e) for e in efforts]
+        picked = [None if x is None else [[row[j] for j in js] for row in x] for x, js in zip(parts, columns.values())]
+        m = clustered(joined(picked), picked_keys)
+        if m is not None:
+            out[name] = asdict(accuracy(m))
+    return out
+
+
 # ---------------------------------------------------------------------------------- per effort
 def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
     """The student's accuracy and thinking tokens at each effort of a domain, and the steps between.
@@ -353,6 +409,8 @@ def markdown(summary: dict[str, Any], plot: str) -> str:
         *cell_lines(summary),
         "",
         *effort_lines(summary),
+        "",
+        *family_lines(summary),
         "",
         f"![accuracy by cell and effort]({plot})",
         "",
@@ -464,6 +522,23 @@ def effort_lines(summary: dict[str, Any]) -> list[str]:
         acc_steps = ", ".join(f"{k} {Interval(**v).text('{:+.2f}')}" for k, v in e["accuracy_steps"].items())
         tok_steps = ", ".join(f"{k} {Interval(**v).text('{:+.1f}')}" for k, v in e["token_steps"].items())
         lines.append(f"| {domain} | {acc} | {tok} | {acc_steps} | {tok_steps} |")
+    return lines
+
+
+def family_lines(summary: dict[str, Any]) -> list[str]:
+    """Accuracy by task family, every effort pooled (per effort: summary.json's `by_effort`)."""
+    title = "## Accuracy by task family (within budget, every effort pooled; mean over seeds and distinct contents)"
+    missing = summary.get("seeds_without_families", [])
+    if missing:
+        return [title, "", f"Not available: the reports of seed(s) {missing} carry no per-task families (benched "
+                "before they did)."]  # fmt: skip
+    models = ["base", "teacher", "student", *summary["baselines"]]
+    lines = [title, "", "| domain | family | answers a model | contents | " + " | ".join(models) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(models)]  # fmt: skip
+    for domain, by_family in summary["families"].items():
+        for family, s in by_family.items():
+            values = [Interval(**s[m]).text() if m in s else "—" for m in models]
+            lines.append(f"| {domain} | {family} | {s['answers']:,} | {s['contents'] or '—'} | " + " | ".join(values) + " |")
     return lines
 
 
