@@ -192,5 +192,5 @@ def test_a_gap_run_logs_its_allocation_and_gradient_shares_and_plots_them(tmp_pa
         allocation = [record[f"allocation/{cell}"] for cell in CELLS2]
         assert sum(allocation) == pytest.approx(1.0) and min(allocation) >= 1 / 4  # the floor: 1 of 4 prompts
         shares = {cell: record.get(f"{cell}/gradient_share", 0.0) for cell in CELLS2}
-        assert shares == pytest.approx(dict(zip(CELLS2, allocation)))  # balanced: gradient share = prompt share
+        assert shares == pytest.approx(dict(zip(CELLS2, allocation, strict=True)))  # balanced: gradient share = prompt share
     assert (final.parent / "allocation.png").stat().st_size > 0

@@ -41,7 +41,7 @@ def test_scores_are_the_log_probs_of_the_exact_sampled_tokens(teachers):
     scores = scorer.score(prompts, completions, top_k=3, full=True)
 
     reference = create_engine(teachers["a"], backend="hf").score(prompts, completions)  # one sequence at a time
-    for s, expected, completion in zip(scores, reference, completions):
+    for s, expected, completion in zip(scores, reference, completions, strict=True):
         torch.testing.assert_close(s.logprobs, torch.tensor(expected), atol=1e-5, rtol=0)
         torch.testing.assert_close(s.full_logprobs.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1), s.logprobs)
         assert torch.equal(s.topk_logprobs, s.full_logprobs.topk(3, dim=-1).values)
@@ -67,7 +67,7 @@ def test_chunked_head_equals_the_materialised_log_softmax(vocab_teachers, vocab)
     prompts, completions = requests(vocab, [(5, 7), (9, 3), (4, 12), (5, 1), (1, 8)], seed=vocab)
     got = scorer.score(prompts, completions, top_k=4, full=True)
     expected = materialised_score(scorer, prompts, completions, top_k=4, full=True)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g.logprobs, e.logprobs, atol=1e-5, rtol=0)
         torch.testing.assert_close(g.topk_logprobs, e.topk_logprobs, atol=1e-5, rtol=0)
         assert torch.equal(g.topk_ids, e.topk_ids)
@@ -134,7 +134,7 @@ def test_ray_actor_pool_routes_each_sample_to_its_teacher(teachers):
     finally:
         pool.close()
         ray.shutdown()
-    for cell, prompt, completion, scores in zip(cells, prompts, completions, got):
+    for cell, prompt, completion, scores in zip(cells, prompts, completions, got, strict=True):
         owner = "b" if cell == "general-high" else "a"
         (expected,) = local[owner].score([prompt], [completion])
         torch.testing.assert_close(scores.logprobs, expected.logprobs, atol=1e-5, rtol=0)
@@ -162,7 +162,7 @@ def test_a_capped_pool_scores_exactly_as_all_resident_loading_each_teacher_once_
     ]
     requested = [requests(1024, [(3 + i % 4, 2 + i % 5) for i in range(len(s))], seed=k) for k, s in enumerate(steps)]
     uncapped = TeacherPool(table, use_ray=False)
-    expected = [uncapped.score(s, *r, top_k=2, full=True) for s, r in zip(steps, requested)]
+    expected = [uncapped.score(s, *r, top_k=2, full=True) for s, r in zip(steps, requested, strict=True)]
 
     loads, live, resident_while_scoring = [], weakref.WeakSet(), []
     from_pretrained, score = AutoModelForCausalLM.from_pretrained, TeacherScorer.score
@@ -181,10 +181,10 @@ def test_a_capped_pool_scores_exactly_as_all_resident_loading_each_teacher_once_
     monkeypatch.setattr(TeacherScorer, "score", counting_score)
     pool = TeacherPool(table, use_ray=False, max_resident=cap)
     assert len(loads) == cap
-    for step, (step_cells, (prompts, completions)) in enumerate(zip(steps, requested)):
+    for step, (step_cells, (prompts, completions)) in enumerate(zip(steps, requested, strict=True)):
         resident_before, loads_before = list(pool.resident), len(loads)
         got = pool.score(step_cells, prompts, completions, top_k=2, full=True)
-        for g, e in zip(got, expected[step]):
+        for g, e in zip(got, expected[step], strict=True):
             assert torch.equal(g.logprobs, e.logprobs) and torch.equal(g.full_logprobs, e.full_logprobs)
             assert torch.equal(g.topk_ids, e.topk_ids) and torch.equal(g.topk_logprobs, e.topk_logprobs)
         step_loads = loads[loads_before:]

@@ -91,7 +91,7 @@ def test_length_sorted_micro_batches_give_the_whole_batch_gradient(setup, full_v
     split = Student.load(student_dir, spec(micro_batch_tokens=64, **options), reference_dir=student_dir)
     assert len(length_sorted_micro_batches(rollouts, 64)) >= 3
     metrics = [student.train_step(rollouts, scores, cells) for student in (whole, split)]
-    for a, b in zip(whole.model.parameters(), split.model.parameters()):
+    for a, b in zip(whole.model.parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
     for name in ("loss", "reverse_kl", "grad_norm", "general-low/reverse_kl", "general-high/tokens", "general-low/gradient_share"):
         assert metrics[0][name] == pytest.approx(metrics[1][name], rel=1e-4, abs=1e-6), name
@@ -239,10 +239,10 @@ def test_a_cosine_schedule_sets_each_steps_learning_rate_and_the_optimizer_uses_
     before = [p.detach().clone() for p in student.model.parameters()]
     student.set_learning_rate(0.0)  # AdamW without weight decay: a zero rate moves nothing
     student.train_step([rollout], scores, [CELLS[0]])
-    assert all(torch.equal(a, b) for a, b in zip(before, student.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, student.model.parameters(), strict=True))
     student.set_learning_rate(1e-3)
     student.train_step([rollout], scores, [CELLS[0]])
-    assert not all(torch.equal(a, b) for a, b in zip(before, student.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, student.model.parameters(), strict=True))
 
     final = run(setup, "cosine", steps=3, lr_schedule="cosine")
     records = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]

@@ -120,7 +120,7 @@ def write_allocation_plot(records: list[dict], cells: list[str], out: Path) -> P
     figure, ax = plt.subplots(figsize=(max(6.0, 0.22 * len(steps) + 3.0), 0.42 * len(cells) + 1.6))
     image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, interpolation="nearest",
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, len(cells) - 0.5, -0.5))  # fmt: skip
-    ax.set(yticks=range(len(cells)), yticklabels=[f"{c} ({m:.2f})" for c, m in zip(cells, means)],
+    ax.set(yticks=range(len(cells)), yticklabels=[f"{c} ({m:.2f})" for c, m in zip(cells, means, strict=True)],
            xlabel="step", title="MOPD allocation: share of each step's prompts per cell (mean over the run)")  # fmt: skip
     figure.colorbar(image, ax=ax, label="share of the step's prompts")
     figure.savefig(out, dpi=110, bbox_inches="tight")

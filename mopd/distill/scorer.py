@@ -109,7 +109,7 @@ class TeacherScorer:
             raise RuntimeError(f"teacher {self.checkpoint} is offloaded: load() it before scoring")
         if full:
             warn_if_full_is_large(sum(len(c) for c in completion_ids), self.vocab_size)
-        sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         out: list[TeacherScores | None] = [None] * len(sequences)
         for batch in token_budget_batches(sequences, self.max_batch_tokens):
             hidden = self.hidden_states([sequences[i] for i in batch])
@@ -225,7 +225,7 @@ class TeacherPool:
             pending[path] = self._call(path, "score", [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], top_k, full)
         results: list[TeacherScores | None] = [None] * len(cells)
         for path, rows in by_teacher.items():
-            for i, scores in zip(rows, self._result(pending[path])):
+            for i, scores in zip(rows, self._result(pending[path]), strict=True):
                 results[i] = scores
         return results  # type: ignore[return-value]
 

@@ -103,11 +103,11 @@ class ShardedStudent(Student):
         idle = (rollouts[order[0]], scores[order[0]])
         results = ray.get([
             worker.train_step.remote([rollouts[i] for i in rows], [scores[i] for i in rows], orm[rows], weights[rows], passes, idle)
-            for worker, rows in zip(self.workers, shares)
+            for worker, rows in zip(self.workers, shares, strict=True)
         ])  # fmt: skip
         train_logprobs = torch.zeros_like(full.rollout_logprobs)
-        for rows, result in zip(shares, results):
-            for i, logprobs in zip(rows, result["logprobs"]):
+        for rows, result in zip(shares, results, strict=True):
+            for i, logprobs in zip(rows, result["logprobs"], strict=True):
                 train_logprobs[i, : len(logprobs)] = logprobs
         self.model.load_state_dict(self.full_state_dict())
         return {
@@ -315,4 +315,4 @@ def all_gather_rows(local: torch.Tensor) -> torch.Tensor:
     padded[: len(local)] = local
     gathered = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(gathered, padded)
-    return torch.cat([rows[: int(n)] for rows, n in zip(gathered, counts)])
+    return torch.cat([rows[: int(n)] for rows, n in zip(gathered, counts, strict=True)])

@@ -218,7 +218,7 @@ def token_weights(rollouts: list[Rollout], cells: list[str], balance: bool) -> t
     if not balance:
         return torch.full((len(rollouts),), 1.0 / max(sum(tokens), 1.0))
     rollouts_of, tokens_of = Counter(cells), Counter()
-    for cell, n in zip(cells, tokens):
+    for cell, n in zip(cells, tokens, strict=True):
         tokens_of[cell] += n
     return torch.tensor([rollouts_of[cell] / len(cells) / max(tokens_of[cell], 1.0) for cell in cells])
 
@@ -226,7 +226,7 @@ def token_weights(rollouts: list[Rollout], cells: list[str], balance: bool) -> t
 def gradient_shares(rollouts: list[Rollout], cells: list[str], weights: torch.Tensor) -> dict[str, float]:
     """`<cell>/gradient_share`: the cell's share of the step's loss weight (of its gradient tokens)."""
     out: dict[str, float] = {}
-    for rollout, cell, weight in zip(rollouts, cells, weights.tolist()):
+    for rollout, cell, weight in zip(rollouts, cells, weights.tolist(), strict=True):
         key = f"{cell}/gradient_share"
         out[key] = out.get(key, 0.0) + weight * sum(rollout.loss_mask)
     return out
@@ -237,7 +237,7 @@ def orm_advantages(rollouts: list[Rollout], cells: list[str]) -> torch.Tensor:
     same prompt, as in GRPO) where the prompt was sampled more than once, else of its cell in the step."""
     by_cell: dict[str, list[float]] = {}
     by_prompt: dict[tuple, list[float]] = {}
-    for r, cell in zip(rollouts, cells):
+    for r, cell in zip(rollouts, cells, strict=True):
         by_cell.setdefault(cell, []).append(r.reward)
         by_prompt.setdefault((cell, tuple(r.prompt_ids)), []).append(r.reward)
 
@@ -245,7 +245,7 @@ def orm_advantages(rollouts: list[Rollout], cells: list[str]) -> torch.Tensor:
         group = by_prompt[(cell, tuple(r.prompt_ids))]
         return statistics.fmean(group if len(group) > 1 else by_cell[cell])
 
-    return torch.tensor([r.reward - baseline(r, cell) for r, cell in zip(rollouts, cells)])
+    return torch.tensor([r.reward - baseline(r, cell) for r, cell in zip(rollouts, cells, strict=True)])
 
 
 def scheduled_learning_rate(spec: DistillSpec, step: int) -> float:

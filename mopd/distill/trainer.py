@@ -232,7 +232,7 @@ def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, 
     engine.update_weights(student.model.state_dict())
     clock.append(time.perf_counter())
     names = ("sample", "score", "train", "rollout_wait", "weight_sync")
-    phases = dict(zip(names, (b - a for a, b in itertools.pairwise(clock))))
+    phases = dict(zip(names, (b - a for a, b in itertools.pairwise(clock)), strict=True))
     return {
         **metrics,
         "learning_rate": learning_rate,
@@ -251,7 +251,7 @@ def step_tokens(rollouts: list[Rollout], cells: list[str]) -> dict[str, int]:
     """What the step sampled, trained on and had its teachers score (`mopd.compute`), and each cell's scored."""
     lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
     scored = {f"{cell}/tokens_scored": 0 for cell in cells}
-    for cell, length in zip(cells, lengths):
+    for cell, length in zip(cells, lengths, strict=True):
         scored[f"{cell}/tokens_scored"] += length
     sampled = sum(sum(r.loss_mask) for r in rollouts)
     return {"tokens_sampled": sampled, "tokens_trained": sum(lengths), "tokens_scored": sum(lengths), **scored}
