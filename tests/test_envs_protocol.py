@@ -95,7 +95,7 @@ def test_transcript_masks_train_only_on_assistant_tokens(tokenizer):
     input_ids, loss_mask = tokenize_segments(tokenizer, segments)
     whole = "".join(s.text for s in segments)
     assert input_ids == tokenizer.encode(whole, add_special_tokens=False)
-    trained = tokenizer.decode([i for i, m in zip(input_ids, loss_mask) if m])
+    trained = tokenizer.decode([i for i, m in zip(input_ids, loss_mask, strict=True) if m])
     assert trained == AGENT_TURNS[0]["content"] + END + AGENT_TURNS[2]["content"] + END
     observation = tokenizer.convert_tokens_to_ids(OBSERVATION)
     assert loss_mask[input_ids.index(observation)] == 0

@@ -91,7 +91,7 @@ def test_chunked_gradients_match_recurrent():
     for kernel in (recurrent_kda, chunk_kda):
         o, s = kernel(*inputs[:5], initial_state=inputs[5], output_final_state=True)
         grads.append(torch.autograd.grad((o.square().sum() + s.square().sum()), inputs))
-    for g_rec, g_chunk in zip(*grads):
+    for g_rec, g_chunk in zip(*grads, strict=True):
         assert torch.isfinite(g_chunk).all()
         assert (g_chunk - g_rec).abs().max() <= 1e-4 * max(1.0, g_rec.abs().max().item())
 

@@ -57,5 +57,5 @@ def test_attn_res_is_a_softmax_over_depth_scored_on_normed_sources():
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     logits = torch.stack([(norm(s) * query.weight[0]).sum(-1) for s in sources])
-    expected = sum(w.unsqueeze(-1) * s for w, s in zip(logits.softmax(0), sources))
+    expected = sum(w.unsqueeze(-1) * s for w, s in zip(logits.softmax(0), sources, strict=True))
     torch.testing.assert_close(attn_res(sources, norm, query), expected)

@@ -51,9 +51,9 @@ def test_generate_n_samples_with_per_request_budgets(engine):
 def test_sampled_logprobs_equal_scoring_the_samples(engine):
     prompts = prompts_of([8, 13], seed=1)
     samples = engine.generate(prompts, n=2, sampling=Sampling(temperature=0.7, top_p=0.9, max_tokens=6, ignore_eos=True, seed=1))
-    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
+    flat = [(p, s) for p, group in zip(prompts, samples, strict=True) for s in group]
     scores = engine.score([p for p, _ in flat], [s.token_ids for _, s in flat])
-    for (_, sample), score in zip(flat, scores):
+    for (_, sample), score in zip(flat, scores, strict=True):
         assert torch.allclose(torch.tensor(sample.logprobs), torch.tensor(score), atol=1e-4)
 
 
@@ -81,7 +81,7 @@ def test_update_weights_changes_the_policy_and_its_version(checkpoint):
     state = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items() if v.is_floating_point()}
     assert engine.update_weights(state) == 1
     after = engine.score(prompt, completion)[0]
-    assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3
     assert engine.generate(prompt, n=2, sampling=greedy(2))[0][0].policy_version == 1
     with pytest.raises(KeyError, match="not_a_weight"):
         engine.update_weights({"not_a_weight": torch.zeros(1)})
@@ -118,7 +118,7 @@ def test_ray_actor_serves_the_same_interface(checkpoint, engine):
         ray.shutdown()
     local = engine.generate(prompts, sampling=greedy(4, ignore_eos=True))
     assert [g[0].token_ids for g in remote] == [g[0].token_ids for g in local]
-    for r, loc in zip(remote, local):
+    for r, loc in zip(remote, local, strict=True):
         assert r[0].logprobs == pytest.approx(loc[0].logprobs, abs=1e-5)
 
 

@@ -66,11 +66,11 @@ def test_agent_observations_are_masked_and_carry_no_logprobs(tiny_tokenizer):
     assert len(engine.calls) == len(turns) >= 2
     roles = [t["role"] for t in rollout.turns]
     assert roles.count("observation") == len(turns) - 1
-    generated = [tok for tok, m in zip(rollout.token_ids, rollout.loss_mask) if m]
+    generated = [tok for tok, m in zip(rollout.token_ids, rollout.loss_mask, strict=True) if m]
     expected = [tok for t in turns for tok in tiny_tokenizer.encode(t + END, add_special_tokens=False)]
     assert generated == expected  # exactly the engine's tokens are trainable, nothing else
-    assert all(lp == 0.0 for lp, m in zip(rollout.logprobs, rollout.loss_mask) if not m)
-    observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask) if not m])
+    assert all(lp == 0.0 for lp, m in zip(rollout.logprobs, rollout.loss_mask, strict=True) if not m)
+    observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask, strict=True) if not m])
     assert rollout.turns[1]["content"] in observed
 
 
@@ -134,7 +134,7 @@ def test_code_attempts_run_the_examples_between_turns(tiny_tokenizer):
     (rollout,) = run_rollouts(engine, tiny_tokenizer, {"code": env}, [task], default_effort_specs())[0]
     assert [t["role"] for t in rollout.turns] == ["assistant", "observation", "assistant"]
     assert "returned" in rollout.turns[1]["content"] and rollout.verdict.reward == 1.0
-    observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask) if not m])
+    observed = tiny_tokenizer.decode([tok for tok, m in zip(rollout.token_ids, rollout.loss_mask, strict=True) if not m])
     assert rollout.turns[1]["content"] in observed
     engine = ScriptedEngine(tiny_tokenizer, {task.prompt: [wrong, wrong]})
     (rollout,) = run_rollouts(engine, tiny_tokenizer, {"code": env}, [task], default_effort_specs())[0]

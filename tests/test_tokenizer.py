@@ -39,7 +39,7 @@ def test_vocab_fits_the_tiny_model(tokenizer):
 def test_markup_tokens_are_single_ids_and_pad_bos_eos_match_the_model_config(tokenizer):
     ids = [tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS]
     assert len(set(ids)) == len(SPECIAL_TOKENS)
-    for token, token_id in zip(SPECIAL_TOKENS, ids):
+    for token, token_id in zip(SPECIAL_TOKENS, ids, strict=True):
         assert tokenizer.encode(token, add_special_tokens=False) == [token_id]
     config = K3HybridConfig()
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (

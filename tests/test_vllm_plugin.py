@@ -59,7 +59,7 @@ def hf_logprobs(model, prompt, completion):
 def max_error(model, prompts, completions, logprobs):
     return max(
         (hf_logprobs(model, p, c) - torch.tensor(lp)).abs().max().item()
-        for p, c, lp in zip(prompts, completions, logprobs)
+        for p, c, lp in zip(prompts, completions, logprobs, strict=True)
     )
 
 
@@ -77,7 +77,7 @@ def test_sampled_token_logprobs_match_hf(engine, checkpoint):
     budgets = [6, 10]
     samples = engine.generate(prompts, n=2, sampling=Sampling(temperature=1.0, max_tokens=budgets, ignore_eos=True))
     assert [len(s) for s in samples] == [2, 2]
-    flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
+    flat = [(p, s) for p, group in zip(prompts, samples, strict=True) for s in group]
     assert [len(s.token_ids) for _, s in flat] == [b for b in budgets for _ in range(2)]
     assert all(s.finish_reason == "length" and s.policy_version == 0 for _, s in flat)
     assert max_error(model, [p for p, _ in flat], [s.token_ids for _, s in flat], [s.logprobs for _, s in flat]) < TOL
@@ -89,7 +89,7 @@ def test_the_sampler_ranks_sampled_tokens_eagerly_as_vllm_defines_rank(engine):
     assert sampler.batched_count_greater_than is count_greater_than  # not vLLM's compiled count
     logprobs = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
     chosen = logprobs.gather(-1, torch.tensor([[0], [3], [7], [49]]))
-    best_first = [int((row > value).sum()) + 1 for row, value in zip(logprobs, chosen)]  # 1 = most likely
+    best_first = [int((row > value).sum()) + 1 for row, value in zip(logprobs, chosen, strict=True)]  # 1 = most likely
     assert count_greater_than(logprobs, chosen).tolist() == best_first
 
 
@@ -107,7 +107,7 @@ def test_continuous_batching_matches_hf(engine, checkpoint):
     _, model = checkpoint
     llm_engine = engine.llm.llm_engine
     params = SamplingParams(max_tokens=12, temperature=1.0, logprobs=0, ignore_eos=True, detokenize=False)
-    prompts = dict(zip("abc", random_prompts([10, 80, 20], seed=4)))
+    prompts = dict(zip("abc", random_prompts([10, 80, 20], seed=4), strict=True))
     finished = {}
 
     def step():
@@ -128,7 +128,7 @@ def test_continuous_batching_matches_hf(engine, checkpoint):
     ids = sorted(finished)
     assert ids == ["a", "b", "c"]
     completions = [list(finished[r].token_ids) for r in ids]
-    logprobs = [[step[t].logprob for step, t in zip(finished[r].logprobs, c)] for r, c in zip(ids, completions)]
+    logprobs = [[step[t].logprob for step, t in zip(finished[r].logprobs, c, strict=True)] for r, c in zip(ids, completions, strict=True)]
     assert max_error(model, [prompts[r] for r in ids], completions, logprobs) < TOL
 
 
@@ -162,7 +162,7 @@ def test_update_weights_switches_policy_without_restart(engine, checkpoint):
         model.load_state_dict(new_weights)
         new_logprobs = engine.prompt_logprobs(prompts)
         assert max_error(model, [p[:1] for p in prompts], [p[1:] for p in prompts], new_logprobs) < TOL
-        assert max(abs(a - b) for o, n in zip(old_logprobs, new_logprobs) for a, b in zip(o, n)) > 10 * TOL
+        assert max(abs(a - b) for o, n in zip(old_logprobs, new_logprobs, strict=True) for a, b in zip(o, n, strict=True)) > 10 * TOL
         samples = engine.generate(prompts, n=2, sampling=Sampling(max_tokens=4))
         assert {s.policy_version for group in samples for s in group} == {1}
     finally:
@@ -227,13 +227,13 @@ def test_half_precision_matches_hf_in_the_same_dtype(checkpoint, dtype):
         samples = [g[0] for g in engine.generate(prompts, sampling=Sampling(temperature=0.0, max_tokens=16, ignore_eos=True))]
     finally:
         engine.close()
-    scored = [(p[:1], p[1:], lp) for p, lp in zip(prompts, logprobs)]
-    scored += [(p, s.token_ids, s.logprobs) for p, s in zip(prompts, samples)]
+    scored = [(p[:1], p[1:], lp) for p, lp in zip(prompts, logprobs, strict=True)]
+    scored += [(p, s.token_ids, s.logprobs) for p, s in zip(prompts, samples, strict=True)]
     engine_lp = torch.cat([torch.tensor(lp) for _, _, lp in scored])  # pooled: a few tokens' max is noisy
     half = torch.cat([hf_logprobs(model, context, completion) for context, completion, _ in scored])
     reference = torch.cat([hf_logprobs(exact, context, completion) for context, completion, _ in scored])
     bound = assert_within_rounding(engine_lp, half, reference, torch_dtype)
-    for prompt, sample in zip(prompts, samples):  # each greedy token is HF's best, up to the dtype's rounding
+    for prompt, sample in zip(prompts, samples, strict=True):  # each greedy token is HF's best, up to the dtype's rounding
         best = hf_all_logprobs(model, prompt, sample.token_ids).max(-1).values
         assert (best - hf_logprobs(model, prompt, sample.token_ids)).max() <= bound * best.abs().max()
 

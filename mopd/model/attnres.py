@@ -33,7 +33,7 @@ def attn_res(sources: list[torch.Tensor], norm: nn.RMSNorm, proj: nn.Linear) -> 
     scores = torch.stack([(v @ query) * torch.rsqrt(v.square().mean(dim=-1) + eps) for v in values])
     weights = scores.softmax(dim=0).unsqueeze(-1)  # [N, B, T, 1]
     mixed = values[0] * weights[0]
-    for value, weight in zip(values[1:], weights[1:]):
+    for value, weight in zip(values[1:], weights[1:], strict=True):
         mixed = torch.addcmul(mixed, value, weight)
     return mixed.to(sources[0].dtype)
 

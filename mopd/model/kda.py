@@ -259,7 +259,7 @@ def _pass_state_across_chunks(
     per_chunk = [x.flatten(0, 1).unbind(1) for x in per_chunk]
     state = state.flatten(0, 1)
     entering, corrected = [], []
-    for W_n, U_n, k_n, decay_n in zip(*per_chunk):
+    for W_n, U_n, k_n, decay_n in zip(*per_chunk, strict=True):
         entering.append(state)
         u = torch.baddbmm(U_n, W_n, state, alpha=-1)
         corrected.append(u)

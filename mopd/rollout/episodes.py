@@ -76,14 +76,14 @@ def run_rollouts(
             seed=None if seed is None else seed + turn * 1_000_003,  # the engine adds the request index
         )
         samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
-        for rollout, (sample,) in zip(active, samples):
+        for rollout, (sample,) in zip(active, samples, strict=True):
             append_assistant_turn(rollout, sample, chat)
         active = observe([r for r in active if id(r) in states], envs, states, chat, room)
         if not active:
             break
     for env, batch in by_domain(flat, envs):
         verdicts = verify_all(env, [r.task for r in batch], [states.get(id(r), r.completion) for r in batch])
-        for rollout, verdict in zip(batch, verdicts):
+        for rollout, verdict in zip(batch, verdicts, strict=True):
             judge(rollout, verdict, efforts[rollout.task.effort], chat)
     return rollouts
 
@@ -120,7 +120,7 @@ def observe(
     going = set()
     for env, batch in by_domain([r for r in rollouts if not r.truncated], envs):
         outcomes = step_all(env, [states[id(r)] for r in batch], [r.turns[-1]["content"] for r in batch])
-        for rollout, (observation, done) in zip(batch, outcomes):
+        for rollout, (observation, done) in zip(batch, outcomes, strict=True):
             if done or observation is None:
                 continue
             ids = chat.observation_ids(observation, rollout.task.effort)
@@ -149,13 +149,13 @@ class Room:
 def step_all(env: Any, states: list[Any], texts: list[str]) -> list[tuple[str | None, bool]]:
     if callable(getattr(env, "step_many", None)):
         return env.step_many(states, texts)
-    return [env.step(state, text) for state, text in zip(states, texts)]
+    return [env.step(state, text) for state, text in zip(states, texts, strict=True)]
 
 
 def verify_all(env: Any, tasks: list[Task], attempts: list[Any]) -> list[Verdict]:
     if callable(getattr(env, "verify_many", None)):
         return env.verify_many(tasks, attempts)
-    return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts)]
+    return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts, strict=True)]
 
 
 def append_observation(rollout: Rollout, observation: str, ids: list[int]) -> None:

@@ -54,7 +54,7 @@ class HFEngine:
     @torch.inference_mode()
     def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         check_score_inputs(prompt_ids, completion_ids)
-        full = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        full = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         check_prompt_lengths(full, [0] * len(full), self.max_model_len)
         scores: list[list[float]] = [[] for _ in full]
         for indices in _same_length_groups(full):

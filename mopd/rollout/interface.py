@@ -83,7 +83,7 @@ def load_k3_config(model_dir: str | Path) -> K3HybridConfig:
 
 
 def check_prompt_lengths(prompt_ids: Sequence[Sequence[int]], max_tokens: Sequence[int], max_model_len: int) -> None:
-    for i, (prompt, budget) in enumerate(zip(prompt_ids, max_tokens)):
+    for i, (prompt, budget) in enumerate(zip(prompt_ids, max_tokens, strict=True)):
         if len(prompt) == 0:
             raise ValueError(f"request {i}: empty prompt")
         if len(prompt) + budget > max_model_len:
@@ -96,6 +96,6 @@ def check_prompt_lengths(prompt_ids: Sequence[Sequence[int]], max_tokens: Sequen
 def check_score_inputs(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> None:
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    for i, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+    for i, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         if not prompt or not completion:
             raise ValueError(f"score: request {i} has an empty prompt or completion")

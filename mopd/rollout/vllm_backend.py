@@ -72,7 +72,7 @@ class VllmEngine:
         # One seed per request: with a shared seed, copies of one prompt (a GRPO group, k samples
         # of a benchmark task) would all draw the very same tokens.
         seeds = [None if sampling.seed is None else sampling.seed + index for index in range(len(budgets))]
-        params = [self._sampling_params(sampling, n, budget, seed) for budget, seed in zip(budgets, seeds)]
+        params = [self._sampling_params(sampling, n, budget, seed) for budget, seed in zip(budgets, seeds, strict=True)]
         outputs = self.llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
         version = self.policy_version
         return [[_sample(completion, version) for completion in out.outputs] for out in outputs]
@@ -81,13 +81,13 @@ class VllmEngine:
         from vllm import SamplingParams
 
         check_score_inputs(prompt_ids, completion_ids)
-        full = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        full = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         check_prompt_lengths(full, [1] * len(full), self.max_model_len)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         outputs = self.llm.generate(_token_prompts(full), params, use_tqdm=False)
         return [
             _prompt_token_logprobs(out.prompt_logprobs, seq)[-len(completion) :]
-            for out, seq, completion in zip(outputs, full, completion_ids)
+            for out, seq, completion in zip(outputs, full, completion_ids, strict=True)
         ]
 
     def prompt_logprobs(self, prompt_ids: list[list[int]]) -> list[list[float]]:
@@ -161,13 +161,13 @@ def _token_prompts(prompt_ids: Iterable[list[int]]):
 
 def _sample(completion, version: int) -> Sample:
     token_ids = list(completion.token_ids)
-    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
+    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
     return Sample(token_ids, logprobs, completion.finish_reason, version)
 
 
 def _prompt_token_logprobs(prompt_logprobs, seq: list[int]) -> list[float]:
     # entry 0 is None: the first token has no context
-    return [step[token].logprob for step, token in zip(prompt_logprobs[1:], seq[1:])]
+    return [step[token].logprob for step, token in zip(prompt_logprobs[1:], seq[1:], strict=True)]
 
 
 def _eos_ids(config) -> list[int]:
