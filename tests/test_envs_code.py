@@ -65,7 +65,7 @@ def test_difficulty_knob_sets_the_number_of_steps():
 def test_expert_passes_every_task_at_every_effort(env):
     tasks = [t for effort in ("low", "high", "max") for t in env.sample(60, seed=11, effort=effort)]
     verdicts = env.verify_many(tasks, [env.solve(t) for t in tasks])
-    failures = [(t.id, v.details) for t, v in zip(tasks, verdicts) if v.reward != 1.0]
+    failures = [(t.id, v.details) for t, v in zip(tasks, verdicts, strict=True) if v.reward != 1.0]
     assert failures == []
     assert all(v.details["passed"] == v.details["total"] == env.n_tests for v in verdicts)
 
@@ -96,7 +96,7 @@ def test_known_good_scores_one_and_known_bad_zero_for_each_family(env):
             (task, completion(source.replace("def f(", "def g(")), 0.0),  # wrong name
         ]
     verdicts = env.verify_many([c[0] for c in cases], [c[1] for c in cases])
-    got = [(task.meta["family"], text, v.reward) for (task, text, _), v in zip(cases, verdicts)]
+    got = [(task.meta["family"], text, v.reward) for (task, text, _), v in zip(cases, verdicts, strict=True)]
     assert got == [(task.meta["family"], text, reward) for task, text, reward in cases]
 
 
@@ -269,7 +269,7 @@ def test_retry_demos_show_a_failed_attempt_its_real_feedback_then_the_right_func
             assert demos.verify(task, solution).reward == 1.0
         # all transcripts at once, a turn at a time, mixed with plain completions: the same
         tasks, transcripts = [task for task, _ in solutions], [solution for _, solution in solutions]
-        assert [e.turns for e in demos.replay_many(*zip(*retried))] == [s for _, s in retried]
+        assert [e.turns for e in demos.replay_many(*zip(*retried, strict=True))] == [s for _, s in retried]
         assert demos.verify_many(tasks, transcripts) == [demos.verify(t, s) for t, s in solutions]
     half = CodeEnv(families=["arith"], retry_demos=0.5).sample(40, seed=6, effort="high")
     assert 8 <= sum(isinstance(CodeEnv(families=["arith"], retry_demos=0.5).solve(t), list) for t in half) <= 32
@@ -282,13 +282,13 @@ def test_a_batch_of_attempts_gets_what_one_by_one_would(env):
     texts = [completion(wrong_variant(t)) if i % 2 else env.solve(t) for i, t in enumerate(tasks)]
     texts[2] = "never closes the think block"
     one_by_one = [env.reset(t) for t in tasks]
-    alone = [env.step(episode, text) for episode, text in zip(one_by_one, texts)]
+    alone = [env.step(episode, text) for episode, text in zip(one_by_one, texts, strict=True)]
     batch = [env.reset(t) for t in tasks]
     assert env.step_many(batch, texts) == alone
     assert [e.turns for e in batch] == [e.turns for e in one_by_one]
     assert {done for _, done in alone} == {True, False}  # the batch holds both kinds
     verdicts = env.verify_many(tasks, batch)
-    assert [v.reward for v in verdicts] == [env.verify(t, e).reward for t, e in zip(tasks, one_by_one)]
+    assert [v.reward for v in verdicts] == [env.verify(t, e).reward for t, e in zip(tasks, one_by_one, strict=True)]
     assert [v.reward for v in verdicts] == [0.0 if i % 2 or i == 2 else 1.0 for i in range(len(tasks))]
 
 

@@ -271,7 +271,7 @@ def run_suite(backend: str, world: dict, names: list[str] | None = None) -> tupl
     start = time.monotonic()
     results = sandbox.run_many([Program(programs[name]) for name in names])
     sandbox.close()
-    return dict(zip(names, results)), time.monotonic() - start
+    return dict(zip(names, results, strict=True)), time.monotonic() - start
 
 
 # -------------------------------------------------------------------------------- bwrap suite
@@ -433,7 +433,7 @@ def hack_verdicts(backend: str, world: dict, hacks: dict[str, str]) -> tuple[dic
     completions = [f"<think>hm</think>\n```python\n{code}```" for code in hacks.values()]
     verdicts = env.verify_many([task] * len(hacks), completions)
     env.close()
-    return dict(zip(hacks, verdicts)), task
+    return dict(zip(hacks, verdicts, strict=True)), task
 
 
 @pytest.mark.parametrize("backend", ["auto", "rlimit"])

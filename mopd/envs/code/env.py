@@ -149,7 +149,7 @@ class CodeEnv(SandboxOwner):
             episode.turns.append({"role": "assistant", "content": text})
         checked = [e for e in episodes if e.attempts < self.attempts[e.task.effort]]
         observations = self.run_examples([e.task for e in checked], [e.completion for e in checked])
-        shown = dict(zip(map(id, checked), observations))
+        shown = dict(zip(map(id, checked), observations, strict=True))
         outcomes = []
         for episode in episodes:
             observation = shown.get(id(episode))
@@ -177,7 +177,7 @@ class CodeEnv(SandboxOwner):
             else:
                 shown.append(None)  # until the sandbox says otherwise, below
                 jobs[i] = (code, replace(task, meta={**task.meta, "tests": task.meta["examples"]}))
-        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values()))):
+        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values())), strict=True):
             examples = tasks[i].meta["examples"]
             shown[i] = failures(examples, read_cases(result, nonce, len(examples)))
         return shown
@@ -250,7 +250,7 @@ class CodeEnv(SandboxOwner):
             verdicts.append(code if isinstance(code, Verdict) else None)
             if not isinstance(code, Verdict):
                 jobs[i] = (code, task)
-        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values()))):
+        for i, (result, nonce) in zip(jobs, self.run_harnesses(list(jobs.values())), strict=True):
             verdicts[i] = score(tasks[i], result, nonce, self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
 
@@ -259,12 +259,12 @@ class CodeEnv(SandboxOwner):
         transcripts = {i: attempt for i, attempt in enumerate(attempts) if isinstance(attempt, list)}
         episodes = self.replay_many([tasks[i] for i in transcripts], list(transcripts.values()))
         replayed = list(attempts)
-        for i, episode in zip(transcripts, episodes):
+        for i, episode in zip(transcripts, episodes, strict=True):
             replayed[i] = episode
         return replayed
 
     def run_harnesses(self, jobs: list[tuple[str, Task]]) -> list[tuple[RunResult, str]]:
         """Run each code on its task's tests in the sandbox, in parallel: (result, the run's nonce)."""
         nonces = [secrets.token_hex(16) for _ in jobs]
-        programs = [harness_program(code, task, nonce) for (code, task), nonce in zip(jobs, nonces)]
-        return list(zip(self.sandbox.run_many(programs), nonces))
+        programs = [harness_program(code, task, nonce) for (code, task), nonce in zip(jobs, nonces, strict=True)]
+        return list(zip(self.sandbox.run_many(programs), nonces, strict=True))

@@ -67,7 +67,7 @@ def score(task: Task, result: RunResult, nonce: str, backend: str) -> Verdict:
     cases = read_cases(result, nonce, len(tests))
     if isinstance(cases, str):
         return Verdict(0.0, {**details, "reason": cases, "stderr": result.stderr[-500:]})
-    outcomes = [same_value(case, test["expected"]) for case, test in zip(cases, tests)]
+    outcomes = [same_value(case, test["expected"]) for case, test in zip(cases, tests, strict=True)]
     details["passed"] = sum(outcomes)
     if not all(outcomes):
         first = outcomes.index(False)
@@ -80,7 +80,7 @@ def failures(examples: list[dict], cases: list[dict] | str) -> str | None:
     if isinstance(cases, str):
         return f"error: {cases}"
     lines = []
-    for case, example in zip(cases, examples):
+    for case, example in zip(cases, examples, strict=True):
         call = f"f({', '.join(repr(arg) for arg in example['args'])})"
         if not isinstance(case, dict) or "ok" not in case:
             lines.append(f"{call} raised {str(case.get('error') if isinstance(case, dict) else case)[:200]}")

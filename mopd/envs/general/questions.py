@@ -10,13 +10,13 @@ from mopd.envs.splits import content_hash
 
 
 def question_for(terms: list[int], ops: list[str]) -> str:
-    expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
+    expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:], strict=True))
     return f"Compute {expression}."
 
 
 def evaluate(terms: list[int], ops: list[str]) -> int:
     total = terms[0]
-    for op, term in zip(ops, terms[1:]):
+    for op, term in zip(ops, terms[1:], strict=True):
         total = total * term if op == "*" else total + term if op == "+" else total - term
     return total
 

@@ -10,7 +10,7 @@ from mopd.envs.code.function import Step
 def polynomial(rng: random.Random, degree: int) -> Step:
     coefficients = [rng.choice([-3, -2, -1, 1, 2, 3])] + [rng.randint(-5, 5) for _ in range(degree)]
     expr = ""
-    for power, c in zip(range(degree, -1, -1), coefficients):
+    for power, c in zip(range(degree, -1, -1), coefficients, strict=True):
         if c == 0:
             continue
         factor = {0: "", 1: "n"}.get(power, f"n ** {power}")

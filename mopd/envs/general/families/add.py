@@ -16,7 +16,7 @@ def add_trace(terms: list[int], ops: list[str]) -> str:
     width = max(len(a), len(b))
     a, b = a + [0] * (width - len(a)), b + [0] * (width - len(b))
     steps, carry = [], 0
-    for da, db in zip(a, b):
+    for da, db in zip(a, b, strict=True):
         value = da + db + carry
         steps.append((f"{da}+{db}+{carry}", value))
         carry = value // 10

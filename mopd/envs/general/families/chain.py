@@ -16,7 +16,7 @@ def _gen_chain(rng: random.Random, knobs: dict) -> tuple[list[int], list[str]]:
 
 def chain_trace(terms: list[int], ops: list[str]) -> str:
     lines, total = [], terms[0]
-    for op, term in zip(ops, terms[1:]):
+    for op, term in zip(ops, terms[1:], strict=True):
         new_total = evaluate([total, term], [op])
         lines.append(f"{total}{op}{term}={new_total}")
         total = new_total
