@@ -120,7 +120,7 @@ def bench_steps(env: AgentEnv, episodes: int) -> dict[str, Any]:
     actions = [[turn["content"] for turn in env.solve(task) if turn["role"] == "assistant"] for task in tasks]
     replayed, steps = [], 0
     start = time.perf_counter()
-    for task, episode_actions in zip(tasks, actions):
+    for task, episode_actions in zip(tasks, actions, strict=True):
         episode = env.reset(task)
         for action in episode_actions:
             env.step(episode, action)
@@ -128,7 +128,7 @@ def bench_steps(env: AgentEnv, episodes: int) -> dict[str, Any]:
         replayed.append(episode)
     stepping = time.perf_counter() - start
     start = time.perf_counter()
-    rewards = [env.verify(task, episode).reward for task, episode in zip(tasks, replayed)]
+    rewards = [env.verify(task, episode).reward for task, episode in zip(tasks, replayed, strict=True)]
     verifying = time.perf_counter() - start
     return {"episodes": episodes, "steps": steps, "steps_per_s": round(steps / stepping, 1),
             "episodes_per_s": round(episodes / stepping, 1), "verify_per_s": round(episodes / verifying, 1),

@@ -78,7 +78,7 @@ def verify_throughput(families: list[str], n: int = 600, repeats: int = 3) -> fl
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for task, completion in zip(tasks, completions):
+        for task, completion in zip(tasks, completions, strict=True):
             env.verify(task, completion)
         rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates)

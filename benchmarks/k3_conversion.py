@@ -93,8 +93,8 @@ def on_teacher_text(student_dir: Path, teacher_dir: Path, reference: dict) -> di
     student = TeacherScorer(student_dir).score(prompts, completions, full=True)
     teacher = TeacherScorer(teacher_dir).score(prompts, completions, full=True)
     tokens = sum(len(c) for c in completions)
-    same = sum((s.full_logprobs.argmax(-1) == t.full_logprobs.argmax(-1)).sum().item() for s, t in zip(student, teacher))
-    kl = sum(reverse_kl(t.full_logprobs, s.full_logprobs).sum().item() for s, t in zip(student, teacher))
+    same = sum((s.full_logprobs.argmax(-1) == t.full_logprobs.argmax(-1)).sum().item() for s, t in zip(student, teacher, strict=True))
+    kl = sum(reverse_kl(t.full_logprobs, s.full_logprobs).sum().item() for s, t in zip(student, teacher, strict=True))
     return {"greedy_agreement": same / tokens, "teacher_text_kl": kl / tokens}
 
 
@@ -203,11 +203,11 @@ def summary(result: dict) -> dict:
             for metric in ("held_out_kl", "teacher_text_kl", "greedy_agreement"):
                 out[f"{name}/{when}/{metric}"] = mean_interval([s[name]["curve"][index][metric] for s in seeds])
     final = {name: [s[name]["curve"][-1]["held_out_kl"] for s in seeds] for name in TRAINED}
-    out["kl_ratio/converted_vs_random"] = mean_interval([c / r for c, r in zip(final["converted+transfer"], final["random K3"])])
-    out["kl_ratio/converted_vs_pruned"] = mean_interval([c / p for c, p in zip(final["converted+transfer"], final["pruned"])])
+    out["kl_ratio/converted_vs_random"] = mean_interval([c / r for c, r in zip(final["converted+transfer"], final["random K3"], strict=True)])
+    out["kl_ratio/converted_vs_pruned"] = mean_interval([c / p for c, p in zip(final["converted+transfer"], final["pruned"], strict=True)])
     text = {name: [s[name]["curve"][-1]["teacher_text_kl"] for s in seeds] for name in TRAINED}
-    out["teacher_text_kl_ratio/converted_vs_random"] = mean_interval([c / r for c, r in zip(text["converted+transfer"], text["random K3"])])
-    out["teacher_text_kl_ratio/converted_vs_pruned"] = mean_interval([c / p for c, p in zip(text["converted+transfer"], text["pruned"])])
+    out["teacher_text_kl_ratio/converted_vs_random"] = mean_interval([c / r for c, r in zip(text["converted+transfer"], text["random K3"], strict=True)])
+    out["teacher_text_kl_ratio/converted_vs_pruned"] = mean_interval([c / p for c, p in zip(text["converted+transfer"], text["pruned"], strict=True)])
     return out
 
 
@@ -221,8 +221,8 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (("held_out_kl", "KL(student ‖ teacher) on the student's samples"),
               ("teacher_text_kl", "KL(teacher ‖ student) on the teacher's greedy text"))  # fmt: skip
-    for ax, (metric, label) in zip(axes, panels):
-        for color, name in zip(("tab:blue", "tab:red", "tab:green"), TRAINED):
+    for ax, (metric, label) in zip(axes, panels, strict=True):
+        for color, name in zip(("tab:blue", "tab:red", "tab:green"), TRAINED, strict=True):
             curves = [s[name]["curve"] for s in result["seeds"].values() if s.get(name, {}).get("done")]
             if not curves:
                 continue

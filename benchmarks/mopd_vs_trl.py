@@ -160,7 +160,7 @@ def held_out_kl(student_dir: Path, teacher_dir: Path, tasks: list, seed: int = 0
     prompts, completions = held_out_rollouts(student_dir, tasks, cell, temperature=1.0, seed=seed)
     student = TeacherScorer(student_dir).score(prompts, completions, full=True)
     teacher = TeacherScorer(teacher_dir).score(prompts, completions, full=True)
-    total = sum(reverse_kl(s.full_logprobs, t.full_logprobs).sum().item() for s, t in zip(student, teacher))
+    total = sum(reverse_kl(s.full_logprobs, t.full_logprobs).sum().item() for s, t in zip(student, teacher, strict=True))
     return total / sum(len(c) for c in completions)
 
 
@@ -172,7 +172,7 @@ def greedy_agreement(student_dir: Path, teacher_dir: Path, reference: dict) -> f
     prompts, completions = reference["prompts"], reference["completions"]
     student = TeacherScorer(student_dir).score(prompts, completions, top_k=1)
     teacher = TeacherScorer(teacher_dir).score(prompts, completions, top_k=1)
-    same = sum((s.topk_ids[:, 0] == t.topk_ids[:, 0]).sum().item() for s, t in zip(student, teacher))
+    same = sum((s.topk_ids[:, 0] == t.topk_ids[:, 0]).sum().item() for s, t in zip(student, teacher, strict=True))
     return same / sum(len(c) for c in completions)
 
 
@@ -511,7 +511,7 @@ def run_gkd(
             start = time.perf_counter()
             output = GKDTrainer.generate_on_policy_outputs(model, inputs, generation_config)
             rows = [
-                ids[m.bool()].tolist() for ids, m in zip(inputs["prompts"], inputs["prompt_attention_mask"])
+                ids[m.bool()].tolist() for ids, m in zip(inputs["prompts"], inputs["prompt_attention_mask"], strict=True)
             ]
             rec.batch(start, (output[2] != -100).sum(), rows)
             return output

@@ -150,7 +150,7 @@ def bench_expert(args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     env.close()
     passed = sum(v.reward == 1.0 for v in verdicts)
-    failures = [{"id": t.id, "details": v.details} for t, v in zip(tasks, verdicts) if v.reward != 1.0][:5]
+    failures = [{"id": t.id, "details": v.details} for t, v in zip(tasks, verdicts, strict=True) if v.reward != 1.0][:5]
     return {
         "tasks": len(tasks),
         "passed": passed,

@@ -37,7 +37,7 @@ def materialised_score(
     scorer: TeacherScorer, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
 ) -> list[TeacherScores]:
     """The scorer before issue #33: the full [B, T, V] fp32 log-softmax of every padded batch."""
-    sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+    sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
     out: list[TeacherScores | None] = [None] * len(sequences)
     for batch in token_budget_batches(sequences, scorer.max_batch_tokens):
         rows = [sequences[i] for i in batch]

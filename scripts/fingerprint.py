@@ -65,9 +65,9 @@ def sft_fingerprint(recipe_path: str) -> str:
     rng = random.Random(recipe.seed)
     episodes = [episode for _, episode in transcripts]
     noisy = [rng.random() < sft.noise for _ in episodes]
-    wrong = corrupt_many(envs, [e if noise else None for e, noise in zip(episodes, noisy)], rng)
+    wrong = corrupt_many(envs, [e if noise else None for e, noise in zip(episodes, noisy, strict=True)], rng)
     examples = [tokenize_example(tokenizer, task, bad or turns, bad is not None, sft.max_length)
-                for (task, turns), bad in zip(episodes, wrong)]  # fmt: skip
+                for (task, turns), bad in zip(episodes, wrong, strict=True)]  # fmt: skip
     for env in envs.values():
         if hasattr(env, "close"):
             env.close()

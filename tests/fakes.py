@@ -103,7 +103,7 @@ def pad_examples(examples, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     labels = torch.full((len(examples), width), -100)
     for i, (ids, mask) in enumerate(examples):
         input_ids[i, : len(ids)] = torch.tensor(ids)
-        labels[i, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+        labels[i, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
     return input_ids, labels
 
 

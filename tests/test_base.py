@@ -68,8 +68,8 @@ def test_a_corrupted_trace_fails_its_verifier(domain):
         if wrong is None:  # no digit of the answer matters (e.g. code without numbers)
             continue
         corrupted += 1
-        changed = [(a["content"], b["content"]) for a, b in zip(turns, wrong) if a != b]
-        assert len(changed) == 1 and sum(x != y for x, y in zip(*changed[0])) == 1
+        changed = [(a["content"], b["content"]) for a, b in zip(turns, wrong, strict=True) if a != b]
+        assert len(changed) == 1 and sum(x != y for x, y in zip(*changed[0], strict=True)) == 1
         attempt = wrong if isinstance(solution, list) else wrong[0]["content"]
         assert env.verify(task, attempt).reward == 0.0, task.prompt
     assert corrupted >= 2

@@ -79,7 +79,7 @@ def test_mean_interval_over_seeds_uses_the_t_quantile():
 def test_window_of_a_synchronous_run_counts_each_timed_steps_own_batch():
     steps = [(0.0, 9.0), (9.5, 10.5), (11.0, 14.0), (14.0, 16.0)]  # 0.5 s of logging between some steps
     batches = [
-        {"start": s + 0.1, "end": s + 0.5, "tokens": n} for (s, _), n in zip(steps, [100, 300, 300, 600])
+        {"start": s + 0.1, "end": s + 0.5, "tokens": n} for (s, _), n in zip(steps, [100, 300, 300, 600], strict=True)
     ]
     speed = timed_window(steps, batches)
     assert speed["step_seconds_median"] == 2.0  # of 1, 3, 2: the warm-up step is left out
@@ -160,7 +160,7 @@ def row(tokens_per_s: list[float], step_seconds: list[float], kl: list[float] | 
     runs = [
         {"seed": seed, "speed": {"completion_tokens_per_s": t, "step_seconds_median": s}}
         | ({"held_out_kl": kl[seed]} if kl else {})
-        for seed, (t, s) in enumerate(zip(tokens_per_s, step_seconds))
+        for seed, (t, s) in enumerate(zip(tokens_per_s, step_seconds, strict=True))
     ]
     return summarise(runs)
 

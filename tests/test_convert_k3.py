@@ -78,7 +78,7 @@ def test_copied_tensors_equal(teacher, converted):
     assert torch.equal(student.get_input_embeddings().weight, source.get_input_embeddings().weight)
     assert torch.equal(student.lm_head.weight, source.lm_head.weight)  # tied
     assert torch.equal(student.model.norm.weight, source.model.norm.weight)
-    for ours, theirs in zip(student.model.layers, source.model.layers):
+    for ours, theirs in zip(student.model.layers, source.model.layers, strict=True):
         assert torch.equal(ours.input_layernorm.weight, theirs.input_layernorm.weight)
         assert torch.equal(ours.post_attention_layernorm.weight, theirs.post_attention_layernorm.weight)
         for name in ("gate_proj", "up_proj", "down_proj"):
@@ -171,7 +171,7 @@ def test_attention_transfer_lowers_every_layers_mse_and_is_recorded(transferred)
     assert record["split"] == "train" and record["domain"] == "general" and record["tokens"] > 0
     before, after = record["mse_before"], record["mse_after"]
     assert len(before) == len(after) == LAYERS
-    assert all(a < b for a, b in zip(after, before)) and record["reverted_layers"] == [], (before, after)
+    assert all(a < b for a, b in zip(after, before, strict=True)) and record["reverted_layers"] == [], (before, after)
     assert sum(after) < 0.7 * sum(before), (before, after)
 
 

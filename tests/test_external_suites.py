@@ -145,7 +145,7 @@ def test_every_humaneval_reference_solution_passes_in_the_sandbox(humaneval):
     tasks = humaneval.tasks("low")
     assert len(tasks) == 164 and [t.meta["task_id"] for t in tasks] == [p["task_id"] for p in problems]
     bodies = humaneval.verify_many(tasks, [p["canonical_solution"] for p in problems])  # the body after the prompt
-    assert [t.id for t, v in zip(tasks, bodies) if not v.passed] == []
+    assert [t.id for t, v in zip(tasks, bodies, strict=True) if not v.passed] == []
     assert {v.details["sandbox"] for v in bodies} == {"bwrap"}
 
 

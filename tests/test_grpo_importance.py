@@ -36,11 +36,11 @@ class PlantedRollouts:
 
     def __call__(self, prompts, trainer):
         logprobs = []
-        for prompt, completion, mask, shift in zip(self.prompt_ids, self.completion_ids, self.env_mask, self.shift):
+        for prompt, completion, mask, shift in zip(self.prompt_ids, self.completion_ids, self.env_mask, self.shift, strict=True):
             with torch.no_grad():
                 logits = trainer.model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
             own = logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
-            logprobs.append([(lp + s) * m for lp, s, m in zip(own, shift, mask)])
+            logprobs.append([(lp + s) * m for lp, s, m in zip(own, shift, mask, strict=True)])
         return {
             "prompt_ids": self.prompt_ids,
             "completion_ids": self.completion_ids,

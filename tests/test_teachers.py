@@ -240,12 +240,12 @@ def test_rollout_func_masks_observations_and_reports_the_batch(run_dir):
     out = rollouts([task.id, task.id], trainer)
     assert engine.policy_version == 1  # the trainer's weights were pushed before sampling
     assert out["reward"] == [1.0, 1.0] and len(out["completion_ids"]) == 2
-    for ids, mask, logprobs in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
-        generated = [t for t, m in zip(ids, mask) if m]
+    for ids, mask, logprobs in zip(out["completion_ids"], out["env_mask"], out["logprobs"], strict=True):
+        generated = [t for t, m in zip(ids, mask, strict=True) if m]
         assert generated == [
             t for turn in turns for t in tokenizer.encode(turn + END, add_special_tokens=False)
         ]
-        assert 0 in mask and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+        assert 0 in mask and all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
     stats = out["stats"]
     assert stats["pass_rate"] == 1.0 and stats["kl_init"] == pytest.approx(0.25)
     assert rollouts.seconds["verify"] > 0 and rollouts.seconds["generate"] > 0

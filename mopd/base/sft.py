@@ -75,8 +75,8 @@ def train_base(recipe, out: Path) -> None:
     rng = random.Random(recipe.seed)
     episodes = [episode for _, episode in transcripts]
     noisy = [rng.random() < sft.noise for _ in episodes]
-    wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy)], rng)
-    trained = [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong)]
+    wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy, strict=True)], rng)
+    trained = [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong, strict=True)]
     write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
     examples = [tokenize_example(tokenizer, task, turns, corrupted, sft.max_length) for task, turns, corrupted in trained]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
@@ -157,7 +157,7 @@ def corrupt_many(envs: dict[str, Any], episodes: list, rng: random.Random, tries
     for attempt in range(tries):
         pending = [i for i in pending if attempt < len(candidates[i])]
         rewards = verify_grouped(envs, [(episodes[i][0], candidates[i][attempt]) for i in pending])
-        for i, reward in zip(pending, rewards):
+        for i, reward in zip(pending, rewards, strict=True):
             if reward < 1.0:
                 wrong[i] = candidates[i][attempt]
         pending = [i for i in pending if wrong[i] is None]
@@ -199,7 +199,7 @@ def verify_grouped(envs: dict[str, Any], checks: list[tuple[Any, list[dict]]]) -
         tasks = [checks[i][0] for i in indices]
         verify_many = getattr(env, "verify_many", None)
         verdicts = verify_many(tasks, attempts) if verify_many else map(env.verify, tasks, attempts)
-        for i, verdict in zip(indices, verdicts):
+        for i, verdict in zip(indices, verdicts, strict=True):
             rewards[i] = verdict.reward
     return rewards
 
@@ -264,7 +264,7 @@ def pack(indices: list[int], lengths: list[int], max_tokens: int, max_rows: int 
     """Consecutive runs of `indices` (sorted by length) whose padded size (rows × longest) fits
     `max_tokens`, at most `max_rows` each; a row longer than `max_tokens` is a run of its own."""
     batches, current = [], []
-    for index, length in zip(indices, lengths):
+    for index, length in zip(indices, lengths, strict=True):
         if current and ((len(current) + 1) * length > max_tokens or len(current) == max_rows):
             batches.append(current)
             current = []

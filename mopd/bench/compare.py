@@ -61,7 +61,7 @@ def arm_names(arms: list[Path]) -> dict[Path, str]:
     """Each arm by its folder's name, or its whole path where two arms share a name."""
     short = [arm.name for arm in arms]
     if len(set(short)) == len(short):
-        return dict(zip(arms, short))
+        return dict(zip(arms, short, strict=True))
     if len({str(arm) for arm in arms}) < len(arms):
         raise BenchError(f"an arm is given twice: {', '.join(map(str, arms))}")
     return {arm: str(arm) for arm in arms}
@@ -154,7 +154,7 @@ def flops_ratio(arm: list[float | None], reference: list[float | None]) -> dict[
     """Per seed arm ÷ reference, its interval over seeds; None when a run has no FLOP estimate."""
     if any(f is None for f in arm + reference):
         return None
-    return asdict(over_seeds([a / r for a, r in zip(arm, reference)]))
+    return asdict(over_seeds([a / r for a, r in zip(arm, reference, strict=True)]))
 
 
 def cell_shares(run: Path) -> dict[str, dict[str, float]]:

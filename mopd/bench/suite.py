@@ -188,7 +188,10 @@ def distinct_draw(draw, seeds: list[int], n: int, factor: int = DRAW_FACTOR) -> 
                 if len(fresh) == n:
                     break
         pool = fresh or chosen
-        repeats = [replace(task, id=f"{task.id}-again{i}") for i, task in zip(range(n - len(fresh)), itertools.cycle(pool))]
+        repeats = [
+            replace(task, id=f"{task.id}-again{i}")
+            for i, task in zip(range(n - len(fresh)), itertools.cycle(pool), strict=False)  # the range ends it: the cycle never does
+        ]
         chosen += fresh + repeats
     return chosen
 

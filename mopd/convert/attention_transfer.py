@@ -93,7 +93,7 @@ def attention_transfer(
                 cache[index] = teacher_attention(source, kept, ids, dtype=torch.bfloat16)
             targets = cache[index]
             total = 0.0
-            for mixer, j in zip(mixers, kept):
+            for mixer, j in zip(mixers, kept, strict=True):
                 x, y = (t.float() for t in targets[j])
                 loss = masked_mse(mixer_output(mixer, x), y, lengths)
                 loss.backward()
@@ -104,10 +104,10 @@ def attention_transfer(
             if log is not None and (step + 1) % max(1, steps // 10) == 0:
                 log(f"attention transfer: step {step + 1}/{steps}, summed layer MSE {total:.4g}")
     finally:
-        for p, flag in zip(student.parameters(), frozen):
+        for p, flag in zip(student.parameters(), frozen, strict=True):
             p.requires_grad_(flag)
     after = layer_mse(source, mixers, kept, heldout_batches)
-    reverted = [i for i, (b, a) in enumerate(zip(before["mse"], after["mse"])) if not a < b]
+    reverted = [i for i, (b, a) in enumerate(zip(before["mse"], after["mse"], strict=True)) if not a < b]
     for i in reverted:  # kept only where it pays: a layer whose held-out MSE did not fall is put back
         mixers[i].load_state_dict(converted[i])
         after["mse"][i], after["relative"][i] = before["mse"][i], before["relative"][i]
@@ -150,13 +150,13 @@ def transfer_sequences(source, tokenizer, n: int, seed: int, continuation: int) 
     env = get_env("general")
     counts = [n // len(EFFORTS) + (k < n % len(EFFORTS)) for k in range(len(EFFORTS))]
     prompts = []
-    for k, (effort, count) in enumerate(zip(EFFORTS, counts)):
+    for k, (effort, count) in enumerate(zip(EFFORTS, counts, strict=True)):
         if count:
             tasks = env.sample(count, seed + k, "train", effort)
             prompts += [chat.prompt_ids(task, effort_spec(effort).budget_tokens) for task in tasks]
     if continuation == 0:
         return prompts
-    return [p + reply for p, reply in zip(prompts, greedy_replies(source, prompts, continuation, chat.stop_ids))]
+    return [p + reply for p, reply in zip(prompts, greedy_replies(source, prompts, continuation, chat.stop_ids), strict=True)]
 
 
 @torch.no_grad()
@@ -174,7 +174,7 @@ def greedy_replies(source, prompts: list[list[int]], tokens: int, stop_ids: list
             input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, num_beams=1,
             eos_token_id=stop_ids, pad_token_id=pad, temperature=None, top_p=None, top_k=None,
         )[:, width:]  # fmt: skip
-        for i, row in zip(chunk, out.tolist()):
+        for i, row in zip(chunk, out.tolist(), strict=True):
             stops = [t for t, token in enumerate(row) if token in stop_ids]
             replies[i] = row[: stops[0] + 1] if stops else row
     return replies
@@ -236,9 +236,9 @@ def layer_mse(source, mixers, kept: list[int], batches) -> dict[str, list[float]
         n = sum(lengths)
         tokens += n
         zero = torch.zeros(ids.shape[0], ids.shape[1], 1)
-        for i, (mixer, j) in enumerate(zip(mixers, kept)):
+        for i, (mixer, j) in enumerate(zip(mixers, kept, strict=True)):
             x, y = targets[j]
             error[i] += float(masked_mse(mixer_output(mixer, x), y, lengths)) * n
             power[i] += float(masked_mse(zero, y, lengths)) * n
     mse = [e / tokens for e in error]
-    return {"mse": mse, "relative": [e / max(p, 1e-12) for e, p in zip(error, power)]}
+    return {"mse": mse, "relative": [e / max(p, 1e-12) for e, p in zip(error, power, strict=True)]}

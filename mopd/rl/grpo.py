@@ -334,7 +334,7 @@ class GroupRollouts:
 
     def __call__(self, prompts: list[str], trainer) -> dict[str, Any]:
         self.sync_weights(trainer)
-        ids, sizes = zip(*[(key, len(list(run))) for key, run in itertools.groupby(prompts)])
+        ids, sizes = zip(*[(key, len(list(run))) for key, run in itertools.groupby(prompts)], strict=True)
         if len(set(sizes)) != 1:
             raise ValueError(f"rollout_func: prompts must come in equal groups, got group sizes {sizes}")
         for env in self.envs.values():
@@ -382,7 +382,7 @@ class GroupRollouts:
         flat = flat[:: -(-len(flat) // KL_SAMPLES)]
         scored = self.reference.score([r.prompt_ids for r in flat], [r.token_ids for r in flat])
         diffs = [
-            lp - lp0 for r, ref in zip(flat, scored) for lp, lp0, m in zip(r.logprobs, ref, r.loss_mask) if m
+            lp - lp0 for r, ref in zip(flat, scored, strict=True) for lp, lp0, m in zip(r.logprobs, ref, r.loss_mask, strict=True) if m
         ]
         return fmean(diffs) if diffs else 0.0
 

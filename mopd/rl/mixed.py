@@ -86,7 +86,7 @@ def mixed_tasks(envs: dict[str, Any], cells: list[str], per_cell: int, seed: int
         domain, effort = cell.split("-")
         tasks = envs[domain].sample(per_cell, seed + RL_SEED_OFFSET, "train", effort)
         drawn.append([replace(task, id=f"{cell}/{task.id}") for task in tasks])
-    return [task for row in zip(*drawn) for task in row]
+    return [task for row in zip(*drawn, strict=True) for task in row]
 
 
 def flop_stop(target: float, active_params: int):

@@ -174,6 +174,6 @@ def dict_matches(value: dict, options: list) -> bool:
 
 def list_of_dicts_matches(value: list, options: list) -> bool:
     return any(
-        isinstance(option, list) and len(option) == len(value) and all(dict_matches(v, [o]) for v, o in zip(value, option))
+        isinstance(option, list) and len(option) == len(value) and all(dict_matches(v, [o]) for v, o in zip(value, option, strict=True))
         for option in options
     )

@@ -67,7 +67,7 @@ class HumanEvalEnv(SandboxOwner):
             if code is not None:
                 nonces[i] = secrets.token_hex(16)
                 jobs[i] = harness_of(program_of(task, code), task, nonces[i])
-        for i, result in zip(jobs, self.sandbox.run_many(list(jobs.values()))):
+        for i, result in zip(jobs, self.sandbox.run_many(list(jobs.values())), strict=True):
             verdicts[i] = judge(result, nonces[i], self.sandbox.backend)
         return verdicts  # type: ignore[return-value]
 
