@@ -135,7 +135,7 @@ def clustered(x: Matrix | None, keys: list[str] | None) -> Matrix | None:
 
 
 def subtract(a: Matrix, b: Matrix) -> Matrix:
-    return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+    return [[x - y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
 
 
 def two_way(x: Matrix) -> Interval:
@@ -148,7 +148,7 @@ def two_way(x: Matrix) -> Interval:
     if s * t < 2:
         return Interval(grand, math.nan, math.nan, math.nan, 0)
     seed_means = [statistics.fmean(row) for row in x]
-    task_means = [statistics.fmean(col) for col in zip(*x)]
+    task_means = [statistics.fmean(col) for col in zip(*x, strict=True)]
     if s == 1:
         return with_t(grand, statistics.stdev(x[0]) / math.sqrt(t), t - 1)
     if t == 1:

@@ -320,7 +320,7 @@ def test_two_workers_sample_what_one_engine_does(checkpoints, tmp_path, capsys):
     assert (alone["workers"], shared["workers"]) == (1, 2)
     assert "on 2 workers at once" in markdown(shared) and "workers at once" not in markdown(alone)
     assert [(r["model"], r["effort"]) for r in shared["results"]] == [(r["model"], r["effort"]) for r in alone["results"]]
-    for one, two in zip(alone["results"], shared["results"]):
+    for one, two in zip(alone["results"], shared["results"], strict=True):
         assert (one["task_rewards"], one["generated_tokens_mean"]) == (two["task_rewards"], two["generated_tokens_mean"])
     assert sum(r["generated_tokens_mean"] for r in alone["results"]) > 0
     printed = capsys.readouterr().err
@@ -496,7 +496,7 @@ def test_bench_run_dir_puts_student_against_each_cells_teacher(tmp_path, checkpo
     ]
     per_task = {r["model"]: r["task_rewards"] for r in report["results"]}
     assert all(len(rewards) == SUITE["n"] for rewards in per_task.values())
-    differences = [s - t for s, t in zip(per_task["student"], per_task["general-low"])]  # two distinct contents
+    differences = [s - t for s, t in zip(per_task["student"], per_task["general-low"], strict=True)]  # two distinct contents
     half = t_quantile(0.975, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(len(differences))
     middle = statistics.fmean(differences)
     assert cells[5] == f"{middle:+.2f} [{middle - half:+.2f}, {middle + half:+.2f}]"

@@ -79,7 +79,7 @@ def domain_axes(count: int, title: str):
 def shared_legend(figure, axes) -> None:
     handles, labels = {}, []
     for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in handles:
                 handles[label] = handle
                 labels.append(label)
@@ -99,7 +99,7 @@ def plot_teachers(ax, report: dict[str, Any], domain: str, efforts: list[str], x
 def plot_accuracy_vs_effort(report: dict[str, Any]):
     domains, efforts = domains_and_efforts(report)
     figure, axes = domain_axes(len(domains), labelled(report, "Accuracy within budget vs effort"))
-    for ax, domain in zip(axes, domains):
+    for ax, domain in zip(axes, domains, strict=True):
         models = curve_models(report)
         for k, model in enumerate(models):
             shift = (k - (len(models) - 1) / 2) * DODGE
@@ -125,12 +125,12 @@ def plot_accuracy_vs_tokens(report: dict[str, Any]):
     figure, axes = domain_axes(
         len(domains), labelled(report, "Runtime scaling: accuracy within budget vs mean generated tokens (L/H/M = effort)")
     )
-    for ax, domain in zip(axes, domains):
+    for ax, domain in zip(axes, domains, strict=True):
         for k, model in enumerate(curve_models(report)):
             rows = [(e, r) for e in efforts if (r := result(report, model, domain, e))]
             xs, ys = [r["generated_tokens_mean"] for _, r in rows], [r["accuracy"] for _, r in rows]
             (line,) = ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], label=model)
-            for (effort, _), x, y in zip(rows, xs, ys):
+            for (effort, _), x, y in zip(rows, xs, ys, strict=True):
                 ax.annotate(
                     EFFORT_MARK[effort],
                     (x, y),

@@ -41,8 +41,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mopd.artifacts import read_json
-from mopd.bench.audit import audit_jobs, base_dir, check_overlap, checkpoint_in, training_compute
+from mopd.artifacts import checkpoint_in, read_json
+from mopd.bench.audit import audit_jobs, base_dir, check_overlap, training_compute
 from mopd.bench.external import without_thinking
 from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
@@ -52,8 +52,8 @@ from mopd.envs.splits import task_keys
 from mopd.machine import describe_machine
 from mopd.model.config import CheckpointError, read_model_config
 from mopd.recipe import CELLS, Recipe, Resources, validate
-from mopd.rollout.engine_cache import EngineCache
 from mopd.rollout.episodes import Rollout, run_rollouts
+from mopd.rollout.held_out import TaskScorer
 
 console = Console(stderr=True)
 DEFAULT_SUITE = "eval/tiny.yaml"
@@ -412,12 +412,12 @@ def evaluate(
             worker_args = (suite, budgets, backend, None, {d: env_options(suite, d, recipe) for d in suite.domains})
             metrics = run_on_workers(jobs, recipe, workers, resources or Resources(), worker_args, bar, task, finished)
     return [
-        {"model": ref.name, "domain": cell.domain, "effort": cell.effort, **m} for (ref, cell), m in zip(jobs, metrics)
+        {"model": ref.name, "domain": cell.domain, "effort": cell.effort, **m} for (ref, cell), m in zip(jobs, metrics, strict=True)
     ]
 
 
 class CellWorker:
-    """Answers (model, cell) jobs with one engine, swapping weights between models (`EngineCache`)."""
+    """Answers (model, cell) jobs with one engine, swapping weights between models (`TaskScorer`)."""
 
     def __init__(
         self, suite: Suite, budgets, backend: str, envs=None, env_options=None, threads: int | None = None,
@@ -429,18 +429,13 @@ class CellWorker:
         self.envs = envs if envs is not None else {
             domain: make_env(suite, domain, (env_options or {}).get(domain)) for domain in suite.domains
         }  # fmt: skip
-        self.engines = EngineCache(backend, max_model_len=max_model_len)
-        self.tokenizers: dict[Path, Any] = {}
+        self.scorer = TaskScorer(backend, max_model_len=max_model_len)
 
     def run(self, ref: ModelRef, cell: Cell, advance=None) -> dict:
-        from transformers import AutoTokenizer
-
-        engine = self.engines.load(ref.path)
-        if ref.path not in self.tokenizers:
-            self.tokenizers[ref.path] = AutoTokenizer.from_pretrained(ref.path)
         groups, latencies, wall = sample_cell(
-            engine, self.tokenizers[ref.path], self.envs, cell, self.budgets, self.suite, advance or (lambda k: None)
-        )
+            self.scorer.engine(ref.path), self.scorer.tokenizer(ref.path), self.envs, cell, self.budgets, self.suite,
+            advance or (lambda k: None),
+        )  # fmt: skip
         metrics = cell_metrics(groups, latencies, wall, self.budgets[cell.effort])
         if self.suite.external:  # what the model answered, for the reader of a public benchmark's score
             metrics["answers"] = answers(groups)

@@ -292,7 +292,7 @@ def family_summary(reports: dict[int, dict], domain: str, family: str, efforts: 
     """The models' accuracy (`accuracy` of the seeds × contents matrix) on a family's tasks at some efforts."""
     columns = {e: [j for j, name in enumerate(families_of(reports, domain, e)) if name == family] for e in efforts}
     keys = [contents_of(reports, domain, e) for e in efforts]
-    picked_keys = None if None in keys else [k[j] for k, js in zip(keys, columns.values()) for j in js]
+    picked_keys = None if None in keys else [k[j] for k, js in zip(keys, columns.values(), strict=True) for j in js]
     tasks = sum(len(js) for js in columns.values())
     out: dict[str, Any] = {
         "answers": len(reports) * tasks * next(iter(reports.values()))["suite"]["samples"],
@@ -302,7 +302,7 @@ def family_summary(reports: dict[int, dict], domain: str, family: str, efforts: 
         return out
     for name in models:
         parts = [task_matrix(reports, name, domain, e) for e in efforts]
-        picked = [None if x is None else [[row[j] for j in js] for row in x] for x, js in zip(parts, columns.values())]
+        picked = [None if x is None else [[row[j] for j in js] for row in x] for x, js in zip(parts, columns.values(), strict=True)]
         m = clustered(joined(picked), picked_keys)
         if m is not None:
             out[name] = asdict(accuracy(m))
@@ -326,7 +326,7 @@ def effort_summary(reports: dict[int, dict], domain: str) -> dict[str, Any]:
         "accuracy": {e: asdict(accuracy(scored[e])) for e in efforts},
         "thinking_tokens": {e: asdict(over_seeds(tokens[e])) for e in efforts},
         "accuracy_steps": {f"{a}->{b}": asdict(two_way(subtract(scored[b], scored[a]))) for a, b in steps},
-        "token_steps": {f"{a}->{b}": asdict(over_seeds([y - x for x, y in zip(tokens[a], tokens[b])])) for a, b in steps},
+        "token_steps": {f"{a}->{b}": asdict(over_seeds([y - x for x, y in zip(tokens[a], tokens[b], strict=True)])) for a, b in steps},
     }
 
 
