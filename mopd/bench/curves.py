@@ -29,8 +29,15 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from mopd.artifacts import MetricsLog, curve_snapshots, read_json, write_json_atomic, write_text_atomic
-from mopd.bench.audit import base_dir, checkpoint_in
+from mopd.artifacts import (
+    MetricsLog,
+    checkpoint_in,
+    curve_snapshots,
+    read_json,
+    write_json_atomic,
+    write_text_atomic,
+)
+from mopd.bench.audit import base_dir
 from mopd.bench.run import ModelRef, bench_compute, run_bench
 from mopd.bench.seeds import overlap
 from mopd.bench.suite import load_suite

@@ -133,34 +133,22 @@ def held_out_eval(models: dict[str, Path], tasks: list[Task], cells, env_options
     """Each model's mean reward on the same tasks and draws, and the paired interval of after − before."""
     from mopd.distill.routing import build_route_table
     from mopd.distill.trainer import envs_for
-    from mopd.rollout.engine_cache import EngineCache
+    from mopd.rollout.held_out import TaskScorer, task_rewards
     from mopd.rollout.interface import CheckpointError
 
     envs = envs_for(build_route_table(dict.fromkeys(cells, 1.0), dict.fromkeys(cells, "")), env_options, tasks)
-    engines, rewards, out = EngineCache(backend), {}, {"tasks": len(tasks), "samples_per_task": 1, "temperature": temperature}
-    try:
+    rewards, out = {}, {"tasks": len(tasks), "samples_per_task": 1, "temperature": temperature}
+    with TaskScorer(backend) as scorer:
         for name, path in models.items():
             try:
-                rewards[name] = task_rewards(engines.load(path), path, tasks, envs, efforts, temperature, seed)
+                groups = scorer.rollouts(path, envs, tasks, efforts, n=1, temperature=temperature, seed=seed)
             except CheckpointError as err:  # a teacher that our engines cannot load (transformers does not know it)
                 out[name] = {"skipped": str(err)}
                 continue
+            rewards[name] = task_rewards(groups)
             out[name] = {"reward": fmean(rewards[name])}
-    finally:
-        if engines.engine is not None:
-            engines.engine.close()
     out["after_minus_before"] = paired_interval(rewards["student_after"], rewards["student_before"])
     return out
-
-
-def task_rewards(engine, model_dir: Path, tasks, envs, efforts, temperature: float, seed: int) -> list[float]:
-    from transformers import AutoTokenizer
-
-    from mopd.rollout.episodes import run_rollouts
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    groups = run_rollouts(engine, tokenizer, envs, tasks, efforts, n=1, temperature=temperature, seed=seed)
-    return [fmean(r.reward for r in group) for group in groups]
 
 
 def paired_interval(after: list[float], before: list[float]) -> dict[str, float | None]:

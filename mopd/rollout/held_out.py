@@ -26,7 +26,7 @@ class TaskScorer:
     """Checkpoints answering task lists through one engine; `close` (or leaving a `with`) shuts it down."""
 
     def __init__(self, backend: str, **engine_kwargs):
-        self.engines, self.tokenizers, self.loaded = EngineCache(backend, **engine_kwargs), {}, None
+        self.engines, self.tokenizers = EngineCache(backend, **engine_kwargs), {}
 
     def rollouts(
         self, checkpoint: str | Path, envs: Mapping[str, Any], tasks: list[Task], efforts: Mapping[str, EffortSpec],
@@ -39,11 +39,9 @@ class TaskScorer:
         )  # fmt: skip
 
     def engine(self, checkpoint: Path):
-        """The engine serving `checkpoint`: the loaded one again, with its weights swapped in, or a new one."""
-        if checkpoint != self.loaded:
-            self.engines.load(checkpoint)
-            self.loaded = checkpoint
-        return self.engines.engine
+        """The engine serving `checkpoint`: the loaded one with `checkpoint`'s weights read in (again, if it was
+        the last one: a caller that asks afresh gets the checkpoint's weights as they are on disk), or a new one."""
+        return self.engines.load(Path(checkpoint))
 
     def tokenizer(self, checkpoint: Path):
         from transformers import AutoTokenizer
@@ -55,7 +53,7 @@ class TaskScorer:
     def close(self) -> None:
         if self.engines.engine is not None:
             self.engines.engine.close()
-        self.engines.engine, self.loaded = None, None
+        self.engines.engine = None
 
     def __enter__(self) -> TaskScorer:
         return self
