@@ -562,8 +562,9 @@ def test_the_machine_line_reads_describe_machines_keys_and_older_reports():
 
 def test_report_scores_teachers_against_the_base_and_each_model_across_efforts():
     """Four tasks a cell, contents k1, k1, k2, k3: a difference's interval is over the three contents, paired.
-    code/high: teacher − base per content 0, 1, 1: 0.67 ± t_{.975,2}·0.57735/√3 = 0.67 ± 1.43 (its mean weighs k1
-    once, so it is not the 0.50 of the task means beside it); code/max: −0.5, −1, 0: −0.50 ± 4.3027·0.5/√3."""
+    code/high: teacher − base per content 0, 1, 1: 0.67 ± t_{.975,2}·0.57735/√3 = 0.67 ± 1.43, between the
+    content-weighted accuracies beside it (base 0.5, 0, 0 → 0.17; teacher 0.5, 1, 1 → 0.83: k1 weighs once, not the
+    task means 0.25 and 0.75); code/max: −0.5, −1, 0: −0.50 ± 4.3027·0.5/√3."""
     rewards = {  # each teacher answers only its own cell; code-max's teacher is worse than the base
         "base": {"low": [0, 0, 0, 0], "high": [0, 1, 0, 0], "max": [1, 1, 1, 0]},
         "student": {"low": [1, 0, 1, 0], "high": [1, 1, 0, 0], "max": [1, 1, 1, 0]},
@@ -597,8 +598,8 @@ def test_report_scores_teachers_against_the_base_and_each_model_across_efforts()
 
     assert rows("Teachers against the base (accuracy)") == [
         ["code/low", "0.00", "1.00", "+1.00 [+1.00, +1.00]", "yes"],
-        ["code/high", "0.25", "0.75", "+0.67 [-0.77, +2.10]", "no"],
-        ["code/max", "0.75", "0.25", "-0.50 [-1.74, +0.74]", "no"],
+        ["code/high", "0.17", "0.83", "+0.67 [-0.77, +2.10]", "no"],  # k1's two tasks weigh as one content
+        ["code/max", "0.67", "0.17", "-0.50 [-1.74, +0.74]", "no"],
     ]
     assert "± 2 SE" not in text and "beyond 2 SE" not in text
     assert rows("Accuracy by effort") == [  # efforts in their own order, not the report's

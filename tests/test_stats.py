@@ -21,15 +21,15 @@ def test_wilson_matches_newcombes_published_intervals(successes, n, low, high):
     assert (interval.low, interval.high) == (pytest.approx(low, abs=5e-5), pytest.approx(high, abs=5e-5))
 
 
-def test_wilson_gives_the_readmes_public_benchmark_intervals():
-    """The README's table, to its 3 decimals, by the formula (z = 1.959964):
+def test_wilson_matches_hand_computed_0_of_40_and_9_of_164():
+    """Worked by the formula (z = 1.959964), to 3 decimals:
     0 of 40:  p̂ = 0, high = z²/(n + z²) = 3.8415/43.8415 = 0.0876;
     9 of 164: p̂ = 0.05488, centre (p̂ + z²/2n)/(1 + z²/n) = 0.06507, half
               z/(1 + z²/n)·√(p̂(1 − p̂)/n + z²/4n²) = 0.03593: [0.0291, 0.1010]."""
     assert (wilson(0, 40).low, wilson(0, 40).high) == (0.0, pytest.approx(0.0876, abs=5e-5))
     nine = wilson(9, 164)
     assert (nine.low, nine.high) == (pytest.approx(0.0291, abs=5e-5), pytest.approx(0.1010, abs=5e-5))
-    assert (round(nine.low, 3), round(nine.high, 3)) == (0.029, 0.101)  # as printed there
+    assert (round(nine.low, 3), round(nine.high, 3)) == (0.029, 0.101)
 
 
 def test_wilson_stays_in_0_1_and_widens_with_the_level():

@@ -189,7 +189,7 @@ def test_seeds_take_ranges_and_lists_mixed_and_their_text_parses_back(text, seed
     assert parse_seeds(format_seeds(seeds)) == seeds
 
 
-def test_the_summary_command_writes_runs_of_seeds_as_ranges():
+def test_format_seeds_writes_rising_runs_of_three_or_more_as_ranges():
     assert format_seeds(list(range(18))) == "0-17"
     assert format_seeds([0, 1, 2, 5, 9, 10, 11]) == "0-2,5,9-11"
     assert format_seeds([0, 1, 5, 4, 3]) == "0,1,5,4,3"  # only rising runs of three or more become ranges

@@ -20,9 +20,9 @@ from typing import Any
 
 from mopd.artifacts import write_json_atomic, write_text_atomic
 from mopd.bench.audit import audit_text
-from mopd.bench.plots import accuracy_ratio, write_plots
+from mopd.bench.plots import write_plots
 from mopd.envs.base import EFFORTS
-from mopd.stats import Interval, accuracy, clustered, subtract, two_way, wilson
+from mopd.stats import Interval, accuracy, clustered, grand_mean, subtract, two_way, wilson
 
 # (title, metric keys shown as "a / b", number format)
 TABLES: list[tuple[str, tuple[str, ...], str]] = [
@@ -39,8 +39,9 @@ AUDITED = {False: "the model's lineage", True: "any stage of the model's run"}  
 INTERVAL_RULE = (
     "Brackets are 95% intervals (`mopd.stats`): Student-t over a cell's distinct contents (a content's tasks "
     "averaged into one, so a bracketed mean weighs each content once; differences paired task by task), or for "
-    "an external suite's one-sample 0/1 answers the Wilson score interval of the proportion; \"beyond noise\": "
-    "the interval lies above 0."
+    "an external suite's one-sample 0/1 answers, each problem once (one effort), the Wilson score interval of the "
+    "proportion (pooled over efforts a problem repeats: the t interval over problems); the paired tables' accuracies "
+    "are those content-weighted means; \"beyond noise\": the interval lies above 0."
 )
 PLOTS = {
     "accuracy_vs_effort.png": "Accuracy vs effort, per domain",
@@ -177,10 +178,11 @@ def recovery_table(report, student: str, teachers: dict[str, str], target: float
         "|---|---:|---:|---:|:---:|---:|",
     ]
     for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (student, teacher)):
-        ratio = accuracy_ratio(ours, theirs)
+        student_mean, teacher_mean = content_mean(ours), content_mean(theirs)
+        ratio = student_mean / teacher_mean if teacher_mean > 0 else math.nan
         reached = "—" if math.isnan(ratio) else ("yes" if ratio >= target else "no")
         lines.append(
-            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
+            f"| {cell} | {teacher_mean:.2f} | {student_mean:.2f} | {fmt(ratio, '{:.2f}')} | {reached} "
             f"| {interval_text(difference(ours, theirs), '{:+.2f}')} |"
         )
     return lines
@@ -192,10 +194,17 @@ def teacher_table(report, base: str, teachers: dict[str, str]) -> list[str]:
     for cell, ours, theirs in paired_rows(report, teachers, lambda teacher: (teacher, base)):
         gap = difference(ours, theirs)
         lines.append(
-            f"| {cell} | {theirs['accuracy']:.2f} | {ours['accuracy']:.2f} | {interval_text(gap, '{:+.2f}')} "
+            f"| {cell} | {content_mean(theirs):.2f} | {content_mean(ours):.2f} | {interval_text(gap, '{:+.2f}')} "
             f"| {beyond_noise(gap)} |"
         )
     return lines
+
+
+def content_mean(row: dict[str, Any]) -> float:
+    """A row's accuracy with each content weighing once, as its paired difference counts it (the per-task mean
+    for a report written before rows carried per-task scores)."""
+    rewards = row.get("task_rewards")
+    return grand_mean(clustered([rewards], row.get("task_keys"))) if rewards else row["accuracy"]
 
 
 def paired_rows(report, teachers: dict[str, str], pair):
@@ -212,13 +221,13 @@ def paired_rows(report, teachers: dict[str, str], pair):
 def effort_table(report, names: list[str], teachers: dict[str, str]) -> list[str]:
     """Per model and domain, accuracy at each effort: does thinking longer pay? (teachers: one per effort)"""
     efforts = [effort for effort in EFFORTS if effort in report["efforts"]]
-    accuracy = {(r["model"], r["domain"], r["effort"]): r["accuracy"] for r in report["results"]}
+    scores = {(r["model"], r["domain"], r["effort"]): r["accuracy"] for r in report["results"]}
     domains = list(dict.fromkeys(r["domain"] for r in report["results"]))
     lines = ["| model | domain | " + " | ".join(efforts) + " | rises with effort |", "|---|---|" + "---:|" * len(efforts) + ":---:|"]
     for name in [*names, *(["teachers"] if teachers else [])]:
         for domain in domains:
             model_of = {e: teachers.get(f"{domain}-{e}") if name == "teachers" else name for e in efforts}
-            values = [accuracy.get((model_of[e], domain, e)) for e in efforts]
+            values = [scores.get((model_of[e], domain, e)) for e in efforts]
             if None in values:
                 continue
             shown = [round(value, 2) for value in values]  # "rises" as a reader of the table sees it

@@ -404,10 +404,13 @@ def evaluate(
         if workers == 1 or len(jobs) < 2:
             metrics = []
             worker = CellWorker(suite, budgets, backend, envs=envs, max_model_len=recipe.max_model_len)
-            for ref, cell in jobs:
-                bar.update(task, description=f"{ref.name}: {cell.name}")
-                metrics.append(worker.run(ref, cell, lambda k: bar.advance(task, k)))
-                finished(ref, cell, metrics[-1])
+            try:
+                for ref, cell in jobs:
+                    bar.update(task, description=f"{ref.name}: {cell.name}")
+                    metrics.append(worker.run(ref, cell, lambda k: bar.advance(task, k)))
+                    finished(ref, cell, metrics[-1])
+            finally:
+                worker.close()  # its engine: the next stage (curves) starts its own
         else:
             worker_args = (suite, budgets, backend, None, {d: env_options(suite, d, recipe) for d in suite.domains})
             metrics = run_on_workers(jobs, recipe, workers, resources or Resources(), worker_args, bar, task, finished)
@@ -442,6 +445,7 @@ class CellWorker:
         return metrics
 
     def close(self) -> None:
+        self.scorer.close()
         if self.owns_envs:
             for env in self.envs.values():
                 close(env)
