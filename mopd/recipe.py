@@ -20,6 +20,7 @@ from mopd.envs.base import DOMAINS, EFFORTS
 from mopd.envs.effort import EffortSpec, default_effort_specs
 
 CELLS: tuple[str, ...] = tuple(f"{d}-{e}" for d in DOMAINS for e in EFFORTS)
+Precision = Literal["fp32", "bf16"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -194,6 +195,10 @@ class DistillSpec(Strict):
     )
     allocation_every: int = Field(4, gt=0, description="allocation: gap: steps between re-allocations; each uses the reverse KL of the steps before it")
     allocation_floor: int = Field(1, ge=0, description="allocation: gap: prompts every cell of the mix gets each step, whatever its gap")
+    precision: Precision | None = Field(
+        None, description="the student's forward and backward and the teachers' scoring: bf16 under autocast (fp32 weights, "
+        "AdamW state and log-probs), fp32 throughout; null: the recipe's `precision`"
+    )
 
     @property
     def scores_a_reference(self) -> bool:
@@ -320,6 +325,10 @@ class Recipe(Strict):
     bench: BenchSpec = Field(default_factory=BenchSpec)
     curves: CurvesSpec | None = Field(None, description="learning curves on dev (`curves` stage); null: none")
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    precision: Precision = Field(
+        "fp32", description="what a stage's `precision` is when it sets none (implemented: distill); bf16 needs a "
+        "GPU or a CPU with AVX-512 BF16 or AMX, and is slower than fp32 for a model as small as tiny's"
+    )
 
     @field_validator("envs")
     @classmethod
@@ -353,6 +362,13 @@ class Recipe(Strict):
         mixed = self.baselines.mixed_rl
         if self.curves is not None and mixed is not None and mixed.curve_every is None:
             raise ValueError("curves: needs baselines.mixed_rl.curve_every, the steps between the baseline's snapshots")
+        return self
+
+    @model_validator(mode="after")
+    def _stages_inherit_precision(self) -> Recipe:
+        # fp32, what every stage ran in before the setting, stays unset so their stage hashes hold
+        if self.distill.precision is None and self.precision != "fp32":
+            self.distill.precision = self.precision
         return self
 
     def env_options(self, domain: str) -> dict[str, Any]:
