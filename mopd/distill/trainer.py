@@ -52,6 +52,7 @@ from mopd.envs import get_env, prompt_contents
 from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_trained_on
+from mopd.precision import check_precision
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import Rollout, run_rollouts
@@ -152,12 +153,14 @@ def train_mopd(
 
     start_step, start_dir = last_checkpoint(out_dir)
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
+    for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
+        check_precision(spec.precision, where, "distill.precision")
     student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
     engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len)
-    teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
-        ray_address=ray_address, max_resident=spec.max_resident_teachers,
+        ray_address=ray_address, max_resident=spec.max_resident_teachers, precision=spec.precision,
     )  # fmt: skip
     log = MetricsLog(out_dir / "metrics.jsonl")
     log.resume_after(start_step)
