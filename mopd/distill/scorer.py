@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from mopd.distill.routing import RouteTable
+from mopd.precision import autocast
 
 
 @dataclass
@@ -40,11 +41,13 @@ class TeacherScores:
 
 class TeacherScorer:
     """Scores in memory linear in tokens: the model body runs once over each padded batch, the LM head
-    only over completion positions, `logits_chunk_bytes` of fp32 logits at a time (never [B, T, V])."""
+    only over completion positions, `logits_chunk_bytes` of fp32 logits at a time (never [B, T, V]).
+    `precision` bf16: body and head under bf16 autocast (the weights stay `dtype`), the logits cast to fp32
+    before the log-softmax."""
 
     def __init__(
         self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0,
-        device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20, load: bool = True,
+        device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20, load: bool = True, precision: str | None = None,
     ):  # fmt: skip
         if threads:
             torch.set_num_threads(threads)
@@ -53,6 +56,7 @@ class TeacherScorer:
         self.device = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.logits_chunk_bytes = logits_chunk_bytes
+        self.precision = precision  # bf16: the body and head run under autocast; the log-softmax is fp32
         self.model = None
         self.resident = False
         self.tokens_scored = 0
@@ -112,7 +116,8 @@ class TeacherScorer:
         sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         out: list[TeacherScores | None] = [None] * len(sequences)
         for batch in token_budget_batches(sequences, self.max_batch_tokens):
-            hidden = self.hidden_states([sequences[i] for i in batch])
+            with autocast(self.device, self.precision):
+                hidden = self.hidden_states([sequences[i] for i in batch])
             for row, i in enumerate(batch):
                 start, n = len(prompt_ids[i]) - 1, len(completion_ids[i])
                 tokens = torch.tensor(completion_ids[i], device=self.device)
@@ -136,7 +141,8 @@ class TeacherScorer:
             scores.full_logprobs = torch.empty(n, self.vocab_size)
         for start in range(0, n, self.chunk_tokens):
             rows = slice(start, start + self.chunk_tokens)
-            logits = self.head(hidden[rows]).float()
+            with autocast(self.device, self.precision):
+                logits = self.head(hidden[rows]).float()
             normaliser = logits.logsumexp(-1, keepdim=True)
             scores.logprobs[rows] = (logits.gather(-1, tokens[rows, None]) - normaliser).squeeze(-1)
             if top_k:
@@ -186,7 +192,7 @@ class TeacherPool:
 
     def __init__(
         self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1,
-        ray_address: str | None = None, max_resident: int | None = None,
+        ray_address: str | None = None, max_resident: int | None = None, precision: str | None = None,
     ):  # fmt: skip
         if max_resident is not None and max_resident < 1:
             raise ValueError(f"max_resident teachers must be at least 1, got {max_resident}")
@@ -205,11 +211,14 @@ class TeacherPool:
             actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
             device = "cuda" if num_gpus > 0 else "cpu"
             self.scorers = {
-                path: actor.remote(path, threads=threads, device=device, load=path in self.resident) for path in paths
+                path: actor.remote(path, threads=threads, device=device, load=path in self.resident, precision=precision)
+                for path in paths
             }
         else:
             device = "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
-            self.scorers = {path: TeacherScorer(path, device=device, load=path in self.resident) for path in paths}
+            self.scorers = {
+                path: TeacherScorer(path, device=device, load=path in self.resident, precision=precision) for path in paths
+            }
 
     def score(
         self, cells: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False

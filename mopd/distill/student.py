@@ -30,6 +30,7 @@ from mopd.distill.loss import (
     token_metrics,
 )
 from mopd.distill.scorer import TeacherScores
+from mopd.precision import autocast
 from mopd.recipe import DistillSpec
 from mopd.rollout.episodes import Rollout
 
@@ -129,14 +130,16 @@ class Student:
         self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor, row_weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the micro-batch's MOPD loss, the trainer's log-probs [B, T]). `row_weights` [B]: each row's
-        per-token weight in the step's loss (`token_weights`); None: the mean over the micro-batch's tokens."""
+        per-token weight in the step's loss (`token_weights`); None: the mean over the micro-batch's tokens.
+        `precision` bf16: the forwards run under bf16 autocast; log-probs and the loss are fp32 from the logits."""
         spec = self.spec
         weights = None if row_weights is None else batch.mask * row_weights.to(batch.mask.device)[:, None]
-        logits = self.completion_logits(self.model, batch)
+        with autocast(self.model.device, spec.precision):
+            logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
         reference = reference_full = None
         if self.reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(self.model.device, spec.precision):
                 reference_full = torch.log_softmax(self.completion_logits(self.reference, batch).float(), -1)
             reference = reference_full.gather(-1, batch.tokens[..., None]).squeeze(-1)
         loss_args = dict(
