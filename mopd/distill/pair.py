@@ -30,7 +30,7 @@ from typing import Any
 
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec, default_effort_specs
-from mopd.recipe import CELLS, DistillSpec, ImportanceSpec, validate
+from mopd.recipe import CELLS, DistillSpec, ImportanceSpec, Precision, Recipe, validate
 from mopd.stats import mean_interval
 
 EVAL_TASKS = 32  # held-out tasks scored after a pair run (the recipe's stage scores none by default)
@@ -192,6 +192,12 @@ def add_distill_parser(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument("--importance-low", type=float, default=schema.importance.low, help=f"low end of the ratio; {schema_default()}")
     parser.add_argument("--importance-high", type=float, default=schema.importance.high, help=f"high end of the ratio; {schema_default()}")
+    parser.add_argument(
+        "--precision", choices=get_args(Precision), default=schema.precision or Recipe.model_fields["precision"].default,
+        help="the student's forward/backward and the teacher's scoring: bf16 autocast (fp32 weights, optimizer state and "
+             "log-probs; needs a GPU or a CPU with AVX-512 BF16 or AMX) or fp32; default %(default)s: the schema's "
+             "(a recipe's `precision`), and recipes/tiny.yaml's",
+    )  # fmt: skip
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
                         help="held-out tasks scored into eval.json; 0 skips (default %(default)s, pair mode's own: "
                              "the schema's eval_tasks is 0, as a recipe's bench stage scores instead)")  # fmt: skip
@@ -224,7 +230,7 @@ def cmd_distill(args) -> int:
             data_file=args.data, verifier=args.verifier, backend=args.backend, seed=args.seed, eval_split=args.eval_split,
             env_options={"code": {"allow_degraded": True}} if args.allow_degraded_sandbox else None,
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
-            full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks,
+            full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks, precision=args.precision,
         )  # fmt: skip
     except (PairError, RoutingError, TaskFileError, RecipeError, SandboxUnavailable) as err:
         print(f"mopd distill: error: {err}", file=sys.stderr)
