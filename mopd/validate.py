@@ -36,11 +36,29 @@ def check_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
     check_distill_routes(recipe, path)
     check_bench_suite(recipe, path, recipe_dir)
     check_curves(recipe, path, recipe_dir)
+    check_precision_here(recipe, path)
     return recipe, specs
 
 
 def fail(recipe_path: str | Path, field: str, problem: str) -> RecipeError:
     return RecipeError(f"{recipe_path}: field `{field}`: {problem}")
+
+
+# ----------------------------------------------------------------------------- precision
+def check_precision_here(recipe: Recipe, path: str | Path) -> None:
+    """bf16 on a local run whose device lacks it is refused before any stage trains (the distill stage checks
+    again where it runs: on a cluster, the workers' devices decide)."""
+    import torch
+
+    from mopd.precision import PrecisionError, check_precision
+
+    if recipe.ray.address is not None:
+        return
+    device = "cuda" if recipe.device == "auto" and torch.cuda.is_available() else "cpu" if recipe.device == "auto" else recipe.device
+    try:
+        check_precision(recipe.distill.precision, device, "distill.precision")
+    except PrecisionError as err:
+        raise fail(path, "distill.precision", str(err).removeprefix("distill.precision: ")) from None
 
 
 # ----------------------------------------------------------------------------- teachers

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mopd.precision
 from mopd.distill.scorer import TeacherScorer
 from mopd.distill.student import Student, collate, orm_advantages, token_weights
 from mopd.model import K3HybridForCausalLM, preset_config
@@ -157,3 +158,16 @@ def test_mopd_distill_takes_precision_defaulting_to_the_schemas():
         distill_args("--precision", "fp16")
     shown = " ".join(distill_parser().format_help().split())
     assert "default fp32: the schema's (a recipe's `precision`)" in shown
+
+
+def test_validate_refuses_bf16_up_front_where_the_machine_lacks_it(monkeypatch):
+    """`mopd validate` / `mopd run` refuse before the base and teachers train, naming the recipe and the field."""
+    from mopd.validate import check_recipe
+
+    tiny = str(ROOT / "recipes" / "tiny.yaml")
+    monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: False)
+    with pytest.raises(RecipeError, match=r"tiny\.yaml: field `distill\.precision`: bf16 needs a CPU"):
+        check_recipe(tiny, ["precision=bf16"])
+    assert check_recipe(tiny, ["precision=fp32"])[0].distill.precision is None
+    monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: True)
+    assert check_recipe(tiny, ["precision=bf16"])[0].distill.precision == "bf16"
