@@ -17,6 +17,7 @@ LAYERS = [
     {"compute", "vllm_plugin", "envs"},
     {"convert"},  # checkpoints made from what users have; attention transfer reads the general train split (envs)
     {"recipe", "cluster"},
+    {"precision"},  # its refusals are RecipeErrors naming the field
     {"rollout"},
     {"base"},
     {"rl"},
