@@ -19,3 +19,12 @@ def describe_machine() -> dict[str, Any]:
         "processor": platform.processor(),
         "load_average": os.getloadavg(),
     }
+
+
+def resolve_device(device: str) -> str:
+    """A recipe's `device`: "auto" is CUDA where torch sees a GPU, else the CPU; any other value as given."""
+    import torch
+
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"

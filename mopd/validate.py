@@ -48,15 +48,13 @@ def fail(recipe_path: str | Path, field: str, problem: str) -> RecipeError:
 def check_precision_here(recipe: Recipe, path: str | Path) -> None:
     """bf16 on a local run whose device lacks it is refused before any stage trains (the distill stage checks
     again where it runs: on a cluster, the workers' devices decide)."""
-    import torch
-
+    from mopd.machine import resolve_device
     from mopd.precision import PrecisionError, check_precision
 
     if recipe.ray.address is not None:
         return
-    device = "cuda" if recipe.device == "auto" and torch.cuda.is_available() else "cpu" if recipe.device == "auto" else recipe.device
     try:
-        check_precision(recipe.distill.precision, device, "distill.precision")
+        check_precision(recipe.distill.precision, resolve_device(recipe.device), "distill.precision")
     except PrecisionError as err:
         raise fail(path, "distill.precision", str(err).removeprefix("distill.precision: ")) from None
 

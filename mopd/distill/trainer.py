@@ -52,6 +52,7 @@ from mopd.envs import get_env, prompt_contents
 from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_trained_on
+from mopd.machine import resolve_device
 from mopd.precision import check_precision
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
@@ -152,7 +153,7 @@ def train_mopd(
     check_teachers(table, student_dir)
 
     start_step, start_dir = last_checkpoint(out_dir)
-    device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    device = resolve_device(device)
     teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
     for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
         check_precision(spec.precision, where, "distill.precision")
