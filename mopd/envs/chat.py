@@ -55,6 +55,9 @@ SPECIAL_TOKENS: tuple[str, ...] = CONTROL_TOKENS + TAG_TOKENS
 STOP_TOKENS: tuple[str, ...] = (END, EOS)
 
 ROLE_HEADERS = {"system": SYSTEM, "user": USER, "observation": OBSERVATION}
+# The roles an environment's reply may take after an assistant turn: an observation, or (as some
+# agent harnesses do, `mopd.envs.agent.scaffolds`) the user's turn. Neither is trained on.
+OBSERVATION_ROLES = ("observation", "user")
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def render_task_prompt(task: Task) -> str:
 def render_turns(
     prompt: str, turns: list[dict[str, str]], effort: str, system: str | None = None
 ) -> list[Segment]:
-    """Segments of a whole transcript: the prompt, then assistant and observation turns.
+    """Segments of a whole transcript: the prompt, then assistant and observation (or user) turns.
 
     Assistant content and its closing `<|end|>` are trainable; headers and observations are not.
     After an observation the next assistant header is rendered, as a rollout would see it.
@@ -98,10 +101,10 @@ def render_turns(
             if segments[-1].train:
                 segments.append(Segment(assistant_header(effort), train=False))
             segments.append(Segment(content + END, train=True))
-        elif role == "observation":
-            segments.append(Segment(f"{OBSERVATION}{content}{END}{assistant_header(effort)}", train=False))
+        elif role in OBSERVATION_ROLES:
+            segments.append(Segment(f"{ROLE_HEADERS[role]}{content}{END}{assistant_header(effort)}", train=False))
         else:
-            raise ValueError(f"turn {index}: role must be 'assistant' or 'observation', got {role!r}")
+            raise ValueError(f"turn {index}: role must be 'assistant' or one of {list(OBSERVATION_ROLES)}, got {role!r}")
     return segments
 
 
@@ -173,7 +176,8 @@ class ChatFormat:
     """How one model's conversations are written, in token ids: what the rollout loop needs.
 
         prompt_ids(task, budget)          the prompt, up to the assistant's first token
-        observation_ids(text, effort)     an environment observation and the next assistant header
+        observation_ids(text, effort, role)  an environment observation (role "observation" or
+                                          "user") and the next assistant header
         stop_ids                          the tokens that end an assistant turn
         count_tokens(ids)                 (thinking, answer) tokens of one sampled turn
 
@@ -186,7 +190,7 @@ class ChatFormat:
 
     def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]: ...
 
-    def observation_ids(self, observation: str, effort: str) -> list[int]: ...
+    def observation_ids(self, observation: str, effort: str, role: str = "observation") -> list[int]: ...
 
     def count_tokens(self, ids: list[int]) -> tuple[int, int]: ...
 
@@ -212,8 +216,8 @@ class NativeChat(ChatFormat):
     def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]:
         return self.encode(render_task_prompt(task))
 
-    def observation_ids(self, observation: str, effort: str) -> list[int]:
-        return self.encode(f"{OBSERVATION}{observation}{END}{assistant_header(effort)}")
+    def observation_ids(self, observation: str, effort: str, role: str = "observation") -> list[int]:
+        return self.encode(f"{ROLE_HEADERS[role]}{observation}{END}{assistant_header(effort)}")
 
     def count_tokens(self, ids: list[int]) -> tuple[int, int]:
         """Counted on the ids themselves: every tag and stop token is one id. A turn that never closes
@@ -262,14 +266,22 @@ class TemplateChat(ChatFormat):
         text = self.tokenizer.apply_chat_template(messages_for(task.prompt, system=system), add_generation_prompt=True, tokenize=False)
         return self.encode(text)
 
-    def observation_ids(self, observation: str, effort: str) -> list[int]:
-        return self.encode(self.observation_template.replace(OBSERVATION_SENTINEL, observation))
+    def observation_ids(self, observation: str, effort: str, role: str = "observation") -> list[int]:
+        template = self.observation_template if role == "observation" else self.user_reply_template
+        return self.encode(template.replace(OBSERVATION_SENTINEL, observation))
 
     @cached_property
     def observation_template(self) -> str:
+        return self.reply_template("tool")
+
+    @cached_property
+    def user_reply_template(self) -> str:
+        return self.reply_template("user")
+
+    def reply_template(self, message_role: str) -> str:
         """What the template writes after an assistant turn's end token: the observation's message and
         the next assistant header, found by rendering a conversation with marked contents."""
-        turns = [{"role": "assistant", "content": ASSISTANT_SENTINEL}, {"role": "tool", "content": OBSERVATION_SENTINEL}]
+        turns = [{"role": "assistant", "content": ASSISTANT_SENTINEL}, {"role": message_role, "content": OBSERVATION_SENTINEL}]
         text = self.tokenizer.apply_chat_template(messages_for("question", turns), add_generation_prompt=True, tokenize=False)
         end = ASSISTANT_SENTINEL + self.turn_end
         if end not in text or OBSERVATION_SENTINEL not in text:

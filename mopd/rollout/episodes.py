@@ -123,9 +123,10 @@ def observe(
         for rollout, (observation, done) in zip(batch, outcomes, strict=True):
             if done or observation is None:
                 continue
-            ids = chat.observation_ids(observation, rollout.task.effort)
+            role = rollout.task.meta.get("observation_role", "observation")  # an agent scaffold's (mopd.envs.agent.scaffolds)
+            ids = chat.observation_ids(observation, rollout.task.effort, role)
             if room.for_next_turn(rollout, len(ids)):
-                append_observation(rollout, observation, ids)
+                append_observation(rollout, observation, ids, role)
                 going.add(id(rollout))
             else:
                 rollout.truncated = True
@@ -158,11 +159,11 @@ def verify_all(env: Any, tasks: list[Task], attempts: list[Any]) -> list[Verdict
     return [env.verify(task, attempt) for task, attempt in zip(tasks, attempts, strict=True)]
 
 
-def append_observation(rollout: Rollout, observation: str, ids: list[int]) -> None:
+def append_observation(rollout: Rollout, observation: str, ids: list[int], role: str = "observation") -> None:
     rollout.token_ids += ids
     rollout.logprobs += [0.0] * len(ids)
     rollout.loss_mask += [0] * len(ids)
-    rollout.turns.append({"role": "observation", "content": observation})
+    rollout.turns.append({"role": role, "content": observation})
 
 
 def judge(rollout: Rollout, verdict: Verdict, spec: EffortSpec, chat: ChatFormat) -> None:

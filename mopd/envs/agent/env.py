@@ -20,7 +20,17 @@ from mopd.envs.agent.database import (
 )
 from mopd.envs.agent.expert import _Session
 from mopd.envs.agent.families import FAMILIES
-from mopd.envs.agent.tools import ToolCallError, _cell, _explain, find_tool_call, parse_number
+from mopd.envs.agent.scaffolds import (
+    EXAMPLE_SQL,
+    FIXED,
+    MOPD,
+    Scaffold,
+    ToolCallError,
+    check_choice,
+    draw,
+    scaffold_of,
+)
+from mopd.envs.agent.tools import parse_number
 from mopd.envs.agent.verify import check_task, database_key, diff_databases, task_identity
 from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking
 from mopd.envs.chat import strip_turn_end
@@ -28,20 +38,8 @@ from mopd.envs.splits import check_split, split_of
 
 SNAPSHOT_MAGIC = b"MOPD-AGENT-1\n"
 
-SYSTEM_PROMPT = """\
-You are a database agent working on a SQLite database with these tables (prices in whole dollars):
-{schema}
-Work in turns. In each turn think inside <think>...</think>, then either call the tool or give your final answer.
-To call the tool, write exactly one SQL statement inside <tool_call>...</tool_call>, for example:
-<tool_call>SELECT price FROM products WHERE name = 'steel bolt'</tool_call>
-The result comes back as an observation: column names and rows with cells separated by " | " (at most {max_rows} rows), "OK, N rows changed" after a write, or "error: ...".
-Only SELECT, INSERT, UPDATE and DELETE on these tables are allowed; every write is saved at once. Leave the ids of new rows to the database.
-A turn without a tool call is your final answer and ends the episode. When asked a question, answer with the number alone. You have at most {max_turns} turns."""
-
-# The same protocol without the schema or the examples, for models that learn the tables from
-# their training transcripts: about a sixth of the tokens, which a tiny model pays on every turn.
-SHORT_SYSTEM_PROMPT = """\
-SQLite shop database (customers, products, orders, inventory). Each turn: <think>...</think>, then one SQL statement in <tool_call>...</tool_call>, or the final answer (a question's answer is the number alone). At most {max_turns} turns."""
+SYSTEM_PROMPT = MOPD.system["full"].replace("{example}", MOPD.call(EXAMPLE_SQL))
+SHORT_SYSTEM_PROMPT = MOPD.system["short"]
 SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 
 
@@ -68,7 +66,8 @@ class AgentEnv:
     def __init__(self, families: tuple[str, ...] | list[str] | None = None, max_lookups: int = 3,
                  n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 16,
                  max_rows: int = 50, max_chars: int = 4000, max_statement_steps: int = 20_000_000,
-                 max_statement_seconds: float = 2.0, system_prompt: str = "full"):
+                 max_statement_seconds: float = 2.0, system_prompt: str = "full",
+                 scaffolds: str | list[str] = FIXED):
         self.families = tuple(families or FAMILIES)
         unknown = [name for name in self.families if name not in FAMILIES]
         if unknown:
@@ -77,8 +76,10 @@ class AgentEnv:
             raise ValueError(f"AgentEnv max_lookups={max_lookups}: must be 1, 2 or 3")
         if system_prompt not in SYSTEM_PROMPTS:
             raise ValueError(f"AgentEnv system_prompt={system_prompt!r}: must be one of {sorted(SYSTEM_PROMPTS)}")
+        check_choice(scaffolds, "AgentEnv scaffolds")
         db_spec(0, n_products, n_customers, n_orders)  # validates the sizes early
-        self.system_prompt = SYSTEM_PROMPTS[system_prompt]
+        self.system_prompt = system_prompt
+        self.scaffolds = scaffolds
         self.max_lookups = max_lookups
         self.sizes = {"n_products": n_products, "n_customers": n_customers, "n_orders": n_orders}
         self.max_turns = max_turns
@@ -121,10 +122,16 @@ class AgentEnv:
 
     def _task(self, content: dict[str, Any], identity: str, split: str, effort: str) -> Task:
         family = FAMILIES[content["family"]]
-        system = self.system_prompt.format(schema=SCHEMA, max_rows=self.max_rows, max_turns=self.max_turns)
-        meta = {**content, "content_hash": database_key(content["db"]), "max_turns": self.max_turns, "system": system}
+        scaffold = draw(self.scaffolds, split, identity)
+        system = scaffold.system_prompt(self.system_prompt, SCHEMA, self.max_rows, self.max_turns)
+        meta = {**content, "content_hash": database_key(content["db"]), "max_turns": self.max_turns, "system": system,
+                **self._drawn(scaffold)}
         return Task(id=f"agent-{split}-{identity[:16]}", domain=self.domain, effort=effort,
                     prompt=family.prompt(content["goal"]), meta=meta)
+
+    def _drawn(self, scaffold: Scaffold) -> dict[str, str]:
+        """The scaffold a task records; none under `fixed`, whose tasks stay as they always were."""
+        return {} if self.scaffolds == FIXED else {"scaffold": scaffold.name, "observation_role": scaffold.role}
 
     # ---- episodes ------------------------------------------------------------------------------
 
@@ -148,39 +155,36 @@ class AgentEnv:
             episode.done = True
             return None, True
         answer = strip_turn_end(parts[1])
-        call = find_tool_call(answer)
+        scaffold = scaffold_of(episode.task.meta)
+        call = scaffold.find_call(answer)
         if call is None:
             episode.final_answer = answer
             episode.done = True
             return None, True
-        observation = self._run_tool(episode, call)
-        episode.turns.append({"role": "observation", "content": observation})
+        observation = self._run_tool(episode, scaffold, call)
+        episode.turns.append({"role": scaffold.role, "content": observation})
         episode.done = episode.assistant_turns >= episode.task.meta.get("max_turns", self.max_turns)
         return observation, episode.done
 
-    def _run_tool(self, episode: Episode, call: str | ToolCallError) -> str:
+    def _run_tool(self, episode: Episode, scaffold: Scaffold, call: str | ToolCallError) -> str:
         if isinstance(call, ToolCallError):
-            return f"error: {call}"
+            return scaffold.error_text(call)
         if not call.strip():
-            return "error: the tool call is empty"
+            return scaffold.error_text(scaffold.empty)
         try:
             with episode.budget:
                 cursor = episode.conn.execute(call)
                 if cursor.description is None:
-                    return f"OK, {cursor.rowcount} row{'' if cursor.rowcount == 1 else 's'} changed"
-                return self._format_rows(cursor)
+                    return scaffold.changed_text(cursor.rowcount)
+                return self._format_rows(scaffold, cursor)
         except sqlite3.Error as error:
-            return f"error: {_explain(error)}"
+            return scaffold.error_text(explain(error))
         except (OverflowError, ValueError) as error:
-            return f"error: {error}"
+            return scaffold.error_text(str(error))
 
-    def _format_rows(self, cursor: sqlite3.Cursor) -> str:
-        rows = cursor.fetchmany(self.max_rows + 1)
-        more = len(rows) > self.max_rows
-        lines = [" | ".join(column[0] for column in cursor.description)]
-        lines += [" | ".join(_cell(value) for value in row) for row in rows[: self.max_rows]]
-        lines.append(f"(first {self.max_rows} rows; more not shown)" if more else f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
-        text = "\n".join(lines)
+    def _format_rows(self, scaffold: Scaffold, cursor: sqlite3.Cursor) -> str:
+        columns = [column[0] for column in cursor.description]
+        text = scaffold.rows_text(columns, cursor.fetchmany(self.max_rows + 1), self.max_rows)
         return text if len(text) <= self.max_chars else text[: self.max_chars] + "\n(output truncated)"
 
     def snapshot(self, episode: Episode) -> bytes:
@@ -244,3 +248,12 @@ class AgentEnv:
         session = _Session(self, task)
         FAMILIES[task.meta["family"]].solve(session, task.meta["goal"])
         return session.episode.turns
+
+
+def explain(error: sqlite3.Error) -> str:
+    """SQLite's message, in words a model can act on where SQLite's own are cryptic."""
+    if str(error) == "interrupted":
+        return "the statement ran too long and was stopped"
+    if str(error) in ("not authorized", "authorization denied"):
+        return "not authorized (only SELECT, INSERT, UPDATE and DELETE on the task's tables are allowed)"
+    return str(error)

@@ -1,12 +1,12 @@
-"""The agent's expert: a session that plays a family's solution against a real episode."""
+"""The agent's expert: a session that plays a family's solution against a real episode, in the
+task's own scaffold."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mopd.envs.agent.tools import parse_rows
+from mopd.envs.agent.scaffolds import scaffold_of
 from mopd.envs.base import Task
-from mopd.envs.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 
 class _Session:
@@ -14,15 +14,16 @@ class _Session:
 
     def __init__(self, env: Any, task: Task):  # an AgentEnv, not named here: `env` imports this module
         self.env, self.effort = env, task.effort
+        self.scaffold = scaffold_of(task.meta)
         self.episode = env.reset(task)
 
     def query(self, think: str, sql: str) -> list[list[str]]:
-        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_CALL_OPEN}{sql}{TOOL_CALL_CLOSE}")
-        return parse_rows(observation)
+        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{self.scaffold.call(sql)}")
+        return self.scaffold.rows_of(observation)
 
     def write(self, think: str, sql: str) -> None:
-        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{TOOL_CALL_OPEN}{sql}{TOOL_CALL_CLOSE}")
-        if not (observation or "").startswith("OK,"):
+        observation, _ = self.env.step(self.episode, f"<think>{think}</think>{self.scaffold.call(sql)}")
+        if observation is None or self.scaffold.changed_count(observation) is None:
             raise RuntimeError(f"expert write failed: {sql!r} -> {observation!r}")
 
     def finish(self, think: str, answer: Any) -> None:

@@ -11,16 +11,19 @@ from typing import Any
 
 from mopd.envs.agent.database import TABLES, database_rows, db_spec, open_plain
 from mopd.envs.agent.families import FAMILIES
+from mopd.envs.agent.scaffolds import SCAFFOLDS, scaffold_of
 from mopd.envs.base import Task
 from mopd.envs.splits import content_hash
 
 
 def contents(text: str) -> set[str]:
-    """The databases a text states: none of its own. A content here is a whole database
-    (`database_key`), and an agent text shows rows of only the one its episode runs on (the
-    observations; the expert's traces and corrupted answers copy from them), whose key is the task's
-    own and is recorded with it. Rows out of context cannot name a database: they recur across many."""
-    return set()
+    """The scaffolds a text states (`scaffold_key`), each by its tool's name, and no database of its
+    own. A database content is a whole database (`database_key`), and an agent text shows rows of only
+    the one its episode runs on (the observations; the expert's traces and corrupted answers copy from
+    them), whose key is the task's own and is recorded with it. Rows out of context cannot name a
+    database: they recur across many. A scaffold's key is of its split, so a text in a held-out
+    scaffold is not trainable (`mopd.envs.splits.trainable`)."""
+    return {scaffold.key for scaffold in SCAFFOLDS if scaffold.tool in text}
 
 
 def check_task(task: Task) -> None:
@@ -37,6 +40,19 @@ def check_task(task: Task) -> None:
         db_spec(**db)
     except (TypeError, ValueError) as error:
         raise ValueError(f"agent task {task.id!r}: bad meta.db {db!r}: {error}") from error
+    check_scaffold(task)
+
+
+def check_scaffold(task: Task) -> None:
+    """A recorded scaffold is a known one, and the role its observations are rendered in is its own."""
+    try:
+        scaffold = scaffold_of(task.meta)
+    except ValueError as error:
+        raise ValueError(f"agent task {task.id!r}: {error}") from None
+    role = task.meta.get("observation_role", "observation")
+    if role != scaffold.role:
+        raise ValueError(f"agent task {task.id!r}: meta.observation_role {role!r} is not scaffold "
+                         f"{scaffold.name!r}'s {scaffold.role!r}")
 
 
 def database_key(spec: dict[str, int]) -> str:
