@@ -193,3 +193,77 @@ def test_user_role_observations_render_as_user_turns_in_both_templates(tiny_toke
     assert tiny_tokenizer.apply_chat_template(messages_for("q", turns, "sys"), effort="low", tokenize=False) == text
     ids = chat_format(tiny_tokenizer).observation_ids("1 row updated", "low", "user")
     assert tiny_tokenizer.decode(ids) == "<|user|>1 row updated<|end|><|assistant|><|effort:low|>"
+
+
+# ----------------------------------------------------------------------------- suites and reports
+@pytest.mark.parametrize(("path", "split", "asked"), [
+    ("eval/tiny-scaffolds.yaml", "test", {"qwen-agent", "functionary"}),
+    ("eval/tiny-scaffolds-dev.yaml", "dev", {"smolagents", "glaive"}),
+    ("eval/tiny-scaffolds-seen.yaml", "test", {s.name for s in of_split("train")}),
+])
+def test_scaffold_suites_ask_their_scaffolds(path, split, asked):
+    from mopd.bench.suite import load_suite, make_env, select
+
+    suite = load_suite(path)
+    assert suite.split == split and suite.n == 128
+    suite = select(suite, n=24)
+    env = make_env(suite, "agent", {"system_prompt": "short"})
+    assert {t.meta["scaffold"] for t in suite.tasks(env, "low")} == asked
+
+
+@pytest.mark.parametrize(("agent", "message"), [
+    ({"scaffolds": ["mopd", "kimi"]}, r"bad\.yaml: field `domains\.agent\.scaffolds`.*unknown scaffold 'kimi'"),
+    ({"scaffolds": "sometimes"}, r"bad\.yaml: field `domains\.agent\.scaffolds`.*'sometimes'"),
+])
+def test_a_suite_naming_an_unknown_scaffold_is_a_named_error(tmp_path, agent, message):
+    import yaml
+
+    from mopd.bench.suite import SuiteError, load_suite
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "bad", "split": "test", "n": 1, "domains": {"agent": agent}}))
+    with pytest.raises(SuiteError, match=message):
+        load_suite(path)
+    path.write_text(yaml.safe_dump({"name": "bad", "split": "test", "n": 1, "domains": {"general": {"scaffolds": "heldout"}}}))
+    with pytest.raises(SuiteError, match="only the agent domain takes scaffolds"):
+        load_suite(path)
+
+
+def test_seen_in_training_is_read_from_the_runs_records(tmp_path):
+    from mopd.bench.scaffolds import scaffolds_seen
+    from mopd.envs.splits import TRAINED_ON, TRAINED_TEXT, write_trained_on
+
+    run = tmp_path / "run"
+    (run / "recipe.json").parent.mkdir()
+    (run / "recipe.json").write_text("{}")
+    rotated = AgentEnv(scaffolds="rotate", system_prompt="short").sample(20, seed=1)
+    for stage in ("base", "teachers/agent-low"):
+        write_trained_on(run / stage, [], TRAINED_ON)
+        write_trained_on(run / stage, prompt_contents(rotated if stage == "base" else AgentEnv().sample(2, seed=1)), TRAINED_TEXT)
+    asked = AgentEnv(scaffolds=["mopd", "hermes", "functionary"]).sample(30, seed=9, split="test", effort="low")
+    seen = scaffolds_seen([("teacher", run / "teachers" / "agent-low", "agent-low", asked),
+                           ("plain", run / "teachers" / "agent-low", "agent-low", AgentEnv().sample(3, seed=9, split="test"))])
+    assert seen == {("teacher", "agent-low"): {"mopd": True, "hermes": True, "functionary": False}}
+    outside = scaffolds_seen([("other", tmp_path / "elsewhere", "agent-low", asked)])
+    assert set(outside[("other", "agent-low")].values()) == {None}
+
+
+def test_the_report_breaks_agent_accuracy_down_by_scaffold():
+    from mopd.bench.scaffolds import scaffold_table
+
+    def row(model, effort, rewards):
+        return {"model": model, "domain": "agent", "effort": effort, "task_rewards": rewards,
+                "task_keys": [f"{i:016x}" for i in range(4)], "task_scaffolds": ["glaive", "mopd", "glaive", "mopd"],
+                "scaffolds_seen": {"glaive": False, "mopd": model == "student"}}
+
+    report = {"efforts": {"low": {}, "high": {}}, "suite": {"samples": 1},
+              "results": [row("student", "low", [1, 1, 0, 1]), row("student", "high", [0, 1, 0, 1]),
+                          row("base", "low", [0, 0, 0, 1]), row("base", "high", [0, 0, 0, 0])]}
+    lines = scaffold_table(report, ["base", "student"], {})
+    assert lines[0] == "| scaffold | seen in training | effort | answers a model | base | student |"
+    glaive = [line for line in lines if line.startswith("| glaive |")]
+    assert [line.split(" | ")[1:4] for line in glaive] == [["no", "all", "4"], ["no", "low", "2"], ["no", "high", "2"]]
+    assert glaive[1].split(" | ")[5].startswith("0.50")  # the student's low glaive tasks: 1 and 0
+    assert all(line.split(" | ")[1] == "by student" for line in lines if line.startswith("| mopd |"))
+    assert scaffold_table({**report, "results": [{k: v for k, v in r.items() if k != "task_scaffolds"}
+                                                 for r in report["results"]]}, ["base"], {}) == []

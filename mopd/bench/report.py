@@ -21,6 +21,7 @@ from typing import Any
 from mopd.artifacts import write_json_atomic, write_text_atomic
 from mopd.bench.audit import audit_text
 from mopd.bench.plots import write_plots
+from mopd.bench.scaffolds import scaffold_table
 from mopd.envs.base import EFFORTS
 from mopd.stats import Interval, accuracy, clustered, grand_mean, subtract, two_way, wilson
 
@@ -112,6 +113,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## Student against its teachers (accuracy){label}", "", *recovery_table(report, student, teachers)]
     lines += ["", f"## Accuracy by effort{label}", "", *effort_table(report, names, teachers)]
     lines += ["", f"## Accuracy by family{label}", "", *family_table(report, names, teachers)]
+    if scaffolds := scaffold_table(report, names, teachers):
+        lines += ["", f"## Agent accuracy by scaffold{label}", "", *scaffolds]
     if any(model.get("compute") for model in report["models"]):
         lines += ["", f"## Training compute{label}", "", *compute_table(report)]
     for file in report.get("plots", []):

@@ -44,6 +44,7 @@ from rich.progress import (
 from mopd.artifacts import checkpoint_in, read_json
 from mopd.bench.audit import audit_jobs, base_dir, check_overlap, training_compute
 from mopd.bench.external import without_thinking
+from mopd.bench.scaffolds import scaffolds_seen, task_scaffolds
 from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
@@ -131,6 +132,7 @@ def run_bench(
         jobs = [(ref.name, ref.path, cell.name, cell.tasks) for ref in refs for cell in cells_of(ref, cells)]
         audits = audit_jobs(jobs, whole_run=chosen.external)
         overlapping = check_overlap(audits, chosen.split, allow_overlap, source=str(suite))
+        seen = scaffolds_seen(jobs)
         results = evaluate(
             refs, cells, envs, chosen, budgets, backend, progress, recipe, workers, resources
         )  # fmt: skip
@@ -140,9 +142,12 @@ def run_bench(
     from mopd.bench.report import accuracy_interval, write_report  # matplotlib: not in the engine workers
 
     keys = {cell.name: task_keys(cell.tasks) for cell in cells}
+    scaffolds = {cell.name: task_scaffolds(cell.tasks) for cell in cells}
     for row in results:
         cell = f"{row['domain']}-{row['effort']}"
         row["audit"], row["task_keys"] = audits[(row["model"], cell)], keys[cell]  # keys: the sweep clusters by them
+        if (row["model"], cell) in seen:  # agent tasks asked in chosen scaffolds: accuracy by scaffold
+            row["task_scaffolds"], row["scaffolds_seen"] = scaffolds[cell], seen[(row["model"], cell)]
         interval = accuracy_interval(row["task_rewards"], row["task_keys"], row["samples"], chosen.external)
         row["accuracy_interval"] = {"mean": interval.mean, "low": interval.low, "high": interval.high}
     report = build_report(refs, chosen, str(suite), backend, budgets, results, workers, overlapping)

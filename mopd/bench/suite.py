@@ -11,6 +11,7 @@
     domains:
       general: {families: [add, mul], options: {add_digits: [1, 3]}}
       code: {}             # every family, default difficulty
+      agent: {scaffolds: heldout}   # the harnesses its tasks are asked in (mopd.envs.agent.scaffolds)
 
 Every suite declares its split. A task's split is a function of its canonical content
 (`mopd.envs.splits`), and the training stages draw from `train` only, so `dev` (for choosing
@@ -47,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from mopd.bench.external import EXTERNAL, external_env
 from mopd.envs import get_env
+from mopd.envs.agent.scaffolds import check_choice
 from mopd.envs.base import DOMAINS, EFFORTS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import task_keys
@@ -70,6 +72,18 @@ class DomainSuite(BaseModel):
         default_factory=list, description="task families; empty = the domain's default"
     )
     options: dict[str, Any] = Field(default_factory=dict, description="the env's difficulty knobs")
+    scaffolds: str | list[str] | None = Field(
+        None, description="agent only: the harnesses its tasks are asked in (mopd.envs.agent.scaffolds): heldout "
+        "(the held-out scaffolds of the suite's split), rotate (the training ones), fixed, or a list of names; "
+        "null = the recipe's",
+    )
+
+    @field_validator("scaffolds")
+    @classmethod
+    def _known_scaffolds(cls, scaffolds: str | list[str] | None) -> str | list[str] | None:
+        if scaffolds is not None:
+            check_choice(scaffolds)
+        return scaffolds
 
 
 class Suite(BaseModel):
@@ -137,6 +151,9 @@ class Suite(BaseModel):
         unknown = [d for d in domains if d not in known]
         if unknown or not domains:
             raise ValueError(f"unknown domains {unknown}; choose some of {list(known)}")
+        scaffolded = [d for d, spec in domains.items() if spec.scaffolds is not None and d != "agent"]
+        if scaffolded:
+            raise ValueError(f"{scaffolded}: only the agent domain takes scaffolds")
         return domains
 
     @property
@@ -149,6 +166,8 @@ class Suite(BaseModel):
         options = {**(base or {}), **spec.options}
         if spec.families:
             options["families"] = spec.families
+        if spec.scaffolds is not None:
+            options["scaffolds"] = spec.scaffolds
         return options
 
     def tasks(self, env: Any, effort: str) -> list[Task]:
