@@ -43,7 +43,8 @@ def transcript_text(task, turns) -> str:
 
 
 def tasks_in(scaffold, n: int = 12, effort: str = "high", **options):
-    return AgentEnv(scaffolds=[scaffold.name], **options).sample(n, seed=3, effort=effort)
+    """Test-split tasks: a held-out scaffold never asks a train task."""
+    return AgentEnv(scaffolds=[scaffold.name], **options).sample(n, seed=3, split="test", effort=effort)
 
 
 def calls(scaffold, turns) -> list[str]:
@@ -65,7 +66,7 @@ def test_at_least_six_scaffolds_two_held_out_and_todays_harness_trains():
 def test_expert_demo_parses_back_to_the_same_sql_and_verifies(scaffold):
     env = AgentEnv(scaffolds=[scaffold.name])
     today = AgentEnv()
-    for task, plain in zip(tasks_in(scaffold, n=len(FAMILIES) * 3), today.sample(len(FAMILIES) * 3, seed=3), strict=True):
+    for task, plain in zip(tasks_in(scaffold, n=len(FAMILIES) * 3), today.sample(len(FAMILIES) * 3, seed=3, split="test"), strict=True):
         assert task.meta["scaffold"] == scaffold.name and task.meta["observation_role"] == scaffold.role
         demo, reference = env.solve(task), today.solve(plain)
         assert calls(scaffold, demo) == calls(MOPD, reference)  # the same SQL, in this scaffold's syntax
@@ -267,3 +268,9 @@ def test_the_report_breaks_agent_accuracy_down_by_scaffold():
     assert all(line.split(" | ")[1] == "by student" for line in lines if line.startswith("| mopd |"))
     assert scaffold_table({**report, "results": [{k: v for k, v in r.items() if k != "task_scaffolds"}
                                                  for r in report["results"]]}, ["base"], {}) == []
+
+
+@pytest.mark.parametrize("choice", ["heldout", ["mopd", "functionary"]])
+def test_train_tasks_never_take_a_held_out_scaffold(choice):
+    with pytest.raises(ValueError, match=r"train tasks \(what training draws\) take train scaffolds only"):
+        AgentEnv(scaffolds=choice).sample(1, seed=0, split="train")

@@ -34,6 +34,10 @@ def check_env_options(domain: str, options: dict[str, Any]) -> None:
             raise ValueError(f"envs.{domain}.{name}: {REMOVED_OPTIONS[name]}")
         if name not in known:
             raise ValueError(f"envs.{domain}.{name}: unknown option; {domain} takes {sorted(known)}")
+    if domain == "agent" and "scaffolds" in options:  # a name, not a knob: refused here, with the recipe's field
+        from mopd.envs.agent.scaffolds import check_choice
+
+        check_choice(options["scaffolds"], "envs.agent.scaffolds")
 
 
 def text_contents(domain: str, text: str) -> set[str]:

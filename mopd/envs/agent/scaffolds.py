@@ -11,8 +11,9 @@ results back as the user's turn).
 kind, none a copy of its namesake. The verifier is the database's end state whatever the scaffold.
 
 Scaffolds split like tasks (`mopd.envs.splits`): a scaffold's key is the hash of its name
-(`scaffold_key`), and `split_of(key)` puts it in train, dev or test, whatever the seeds. Training
-draws only train scaffolds; dev suites ask the dev ones, test suites the test ones (`pool`). The
+(`scaffold_key`), and `split_of(key)` puts it in train, dev or test, whatever the seeds. Train tasks
+(what training draws) take train scaffolds only; `heldout` asks dev tasks in the dev scaffolds and
+test tasks in the test ones (`pool`). The
 tool name is distinctive (`Scaffold.tool`): a text that names it states that scaffold, which the
 trained-text audit checks (`mopd.envs.agent.verify.contents`).
 """
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mopd.envs.splits import SPLITS, content_hash, split_of
+from mopd.envs.splits import content_hash, split_of
 
 EXAMPLE_SQL = "SELECT price FROM products WHERE name = 'steel bolt'"
 FIXED, ROTATE, HELDOUT = "fixed", "rotate", "heldout"
@@ -386,15 +387,18 @@ def check_choice(choice: str | Sequence[str], where: str = "scaffolds") -> None:
 
 def pool(choice: str | Sequence[str], split: str) -> tuple[Scaffold, ...]:
     """The scaffolds a task of `split` draws from: `fixed`, today's alone; `rotate`, the train ones;
-    `heldout`, those of the split for dev and test (so tuning on dev never sees a test scaffold),
-    every held-out one for train; or the named ones."""
+    `heldout`, those of the split (dev or test: tuning on dev never sees a test scaffold); or the
+    named ones. Train tasks, what every training stage draws, take train scaffolds only."""
     if choice == FIXED:
         return (MOPD,)
     if choice == ROTATE:
         return of_split("train")
-    if choice == HELDOUT:
-        return of_split(split) if split in SPLITS[1:] else held_out()
-    return tuple(BY_NAME[name] for name in choice)
+    chosen = of_split(split) if choice == HELDOUT else tuple(BY_NAME[name] for name in choice)
+    unseen = [scaffold.name for scaffold in chosen if scaffold.split != "train"]
+    if split == "train" and (choice == HELDOUT or unseen):
+        raise ValueError(f"scaffolds={choice!r}: train tasks (what training draws) take train scaffolds only; "
+                         f"held out: {unseen or [s.name for s in held_out()]}")
+    return chosen
 
 
 def draw(choice: str | Sequence[str], split: str, identity: str) -> Scaffold:
