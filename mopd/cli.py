@@ -137,10 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--transfer-lr", type=float, help="attention transfer: AdamW learning rate (default 1e-3)")
     init.set_defaults(func=cmd_init_student)
 
-    export = sub.add_parser("export", help="write a checkpoint in an upstream layout")
+    export = sub.add_parser("export", help="write a checkpoint in an upstream layout, or with its routed experts quantized")
     export.add_argument("checkpoint", help="a K3 hybrid HF checkpoint directory")
     export.add_argument("out", help="output directory")
-    export.add_argument("--format", choices=["kimi-linear"], default="kimi-linear")
+    export.add_argument("--format", choices=["kimi-linear"], default="kimi-linear",
+                        help="without --quantize: the upstream layout to write (default kimi-linear)")  # fmt: skip
+    export.add_argument("--quantize", choices=["mxfp4", "none"],
+                        help="write a K3 checkpoint instead: mxfp4 packs the routed experts' weights in MXFP4 "
+                        "(compressed-tensors, as vLLM reads Kimi K3's) and prints their bytes; none serves them at "
+                        "full precision (a QAT student without its fake quantization)")  # fmt: skip
+    export.add_argument("--activations", choices=["mxfp8", "none"],
+                        help="with --quantize mxfp4: the format of the experts' inputs when served (default mxfp8, as K3)")  # fmt: skip
     export.set_defaults(func=cmd_export)
     return parser
 
@@ -191,10 +198,22 @@ def cmd_init_student(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from mopd.model.export import export_kimi_linear
+    from mopd.model.export import export_kimi_linear, export_mxfp4, routed_expert_bytes, with_routed_expert_mx
 
-    export_kimi_linear(args.checkpoint, args.out)
-    print(f"wrote {args.format} checkpoint to {args.out}")
+    if args.activations and args.quantize != "mxfp4":
+        raise RecipeError("mopd export: --activations sets the experts' input format of --quantize mxfp4 only")
+    if args.quantize == "mxfp4":
+        activations = {None: "mxfp8", "none": None}.get(args.activations, args.activations)
+        export_mxfp4(args.checkpoint, args.out, activations=activations)
+        size = routed_expert_bytes(args.out)
+        print(f"wrote a K3 checkpoint with MXFP4 routed experts to {args.out}: their weights take {size['stored']:,} "
+              f"bytes, {size['stored'] / size['bf16']:.3f} of bf16's {size['bf16']:,}")  # fmt: skip
+    elif args.quantize == "none":
+        with_routed_expert_mx(args.checkpoint, args.out, None)
+        print(f"wrote a K3 checkpoint with full-precision routed experts to {args.out}")
+    else:
+        export_kimi_linear(args.checkpoint, args.out)
+        print(f"wrote {args.format} checkpoint to {args.out}")
     return 0
 
 

@@ -67,6 +67,26 @@ class Resources(Strict):
     num_gpus: float = Field(0.0, ge=0)
 
 
+class QATSpec(Strict):
+    """Quantization-aware training: the routed experts compute in MX formats in every forward (weights
+    and inputs rounded, gradients straight through), while master weights and optimizer state stay
+    full precision (`mopd.model.mx`). K3 trains this way so its MXFP4 serving keeps what it learned."""
+
+    experts: Literal["mxfp4", "mxfp8"] | None = Field(None, description="the routed experts' weights (K3: mxfp4)")
+    activations: Literal["mxfp4", "mxfp8"] | None = Field(None, description="the routed experts' inputs (K3: mxfp8)")
+
+    @model_validator(mode="after")
+    def _quantizes_something(self) -> QATSpec:
+        if self.experts is None and self.activations is None:
+            raise ValueError("qat: name a format for experts, activations or both (mxfp4, mxfp8), or leave qat out")
+        return self
+
+    @property
+    def routed_expert_mx(self) -> dict[str, str | None]:
+        """The K3 config field (`routed_expert_mx`) that makes a checkpoint compute this way."""
+        return {"weights": self.experts, "activations": self.activations}
+
+
 # ----------------------------------------------------------------------------- teachers
 class GRPOSpec(Strict):
     """How a policy trains with GRPO (TRL): shared by the teachers and the mixed-RL baseline."""
@@ -90,6 +110,7 @@ class GRPOSpec(Strict):
         3.0, gt=0, description="sampler/trainer probability ratio above which *_mask drops and *_truncate clips"
     )
     checkpoint_every: int = Field(5, gt=0)
+    qat: QATSpec | None = Field(None, description="train a K3 policy with MX-quantized routed experts; null: full precision")
 
     @model_validator(mode="after")
     def _sampler_log_probs_match_the_temperature(self) -> GRPOSpec:
@@ -198,6 +219,9 @@ class DistillSpec(Strict):
     precision: Precision | None = Field(
         None, description="the student's forward and backward and the teachers' scoring: bf16 under autocast (fp32 weights, "
         "AdamW state and log-probs), fp32 throughout; null: the recipe's `precision`"
+    )
+    qat: QATSpec | None = Field(
+        None, description="MOPD with the K3 student's routed experts in MX formats (the sampler computes the same way); null: full precision"
     )
 
     @property

@@ -53,6 +53,7 @@ from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_trained_on
 from mopd.machine import resolve_device
+from mopd.model.export import qat_start
 from mopd.precision import check_precision
 from mopd.recipe import DistillSpec
 from mopd.rollout.engine import create_engine
@@ -151,6 +152,7 @@ def train_mopd(
     out_dir = Path(out_dir)
     table = build_route_table(spec.mix, dict(teacher_dirs))
     check_teachers(table, student_dir)
+    student_dir = qat_start(student_dir, spec.qat and spec.qat.routed_expert_mx, out_dir, "distill.qat")
 
     start_step, start_dir = last_checkpoint(out_dir)
     device = resolve_device(device)

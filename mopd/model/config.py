@@ -119,6 +119,9 @@ class K3HybridConfig(PretrainedConfig):
         activation_situ_linear_beta: float = 25.0,
         # Block Attention Residuals, block size in decoder layers; None = plain residuals
         attn_res_block_size: int | None = 4,
+        # MX formats of the routed experts' weights and inputs, e.g. {"weights": "mxfp4", "activations":
+        # "mxfp8"}: the experts compute on those values (QAT, or a checkpoint served quantized); None = full precision
+        routed_expert_mx: dict[str, str | None] | None = None,
         rms_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
         max_position_embeddings: int = 8192,
@@ -160,6 +163,7 @@ class K3HybridConfig(PretrainedConfig):
         self.activation_situ_beta = activation_situ_beta
         self.activation_situ_linear_beta = activation_situ_linear_beta
         self.attn_res_block_size = attn_res_block_size
+        self.routed_expert_mx = routed_expert_mx
         self.rms_norm_eps = rms_norm_eps
         self.initializer_range = initializer_range
         self.max_position_embeddings = max_position_embeddings
@@ -209,6 +213,20 @@ class K3HybridConfig(PretrainedConfig):
             raise ValueError(f"moe_balance must be 'quantile', 'sign' or null, got {self.moe_balance!r}")
         if self.attn_res_block_size is not None and self.attn_res_block_size < 1:
             raise ValueError("attn_res_block_size must be >= 1 or null")
+        check_routed_expert_mx(self.routed_expert_mx)
+
+
+MX_FORMAT_NAMES = ("mxfp4", "mxfp8")  # mopd.model.mx implements them
+
+
+def check_routed_expert_mx(mx: Any) -> None:
+    if mx is None:
+        return
+    if not isinstance(mx, dict) or set(mx) - {"weights", "activations"}:
+        raise ValueError(f"routed_expert_mx must be null or a mapping of weights/activations to a format, got {mx!r}")
+    for part, fmt in mx.items():
+        if fmt is not None and fmt not in MX_FORMAT_NAMES:
+            raise ValueError(f"routed_expert_mx.{part}: unknown MX format {fmt!r}; known: {', '.join(MX_FORMAT_NAMES)}")
 
 
 def _complete_linear_attn(cfg: dict[str, Any] | None, num_layers: int, period: int) -> dict[str, Any]:

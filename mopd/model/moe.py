@@ -4,6 +4,11 @@ Router: sigmoid scores on the full-width input in fp32; the selection bias picks
 the unbiased scores (renormalised, times `routed_scaling_factor`) weight them. Routed experts run
 in a latent width: down-project, experts, optional RMSNorm, up-project. Shared experts run at full
 width. Module and weight names follow the upstream checkpoints (`block_sparse_moe.*`).
+
+With `config.routed_expert_mx` the routed experts compute in MX formats (`mopd.model.mx`): their
+weights and their inputs (the latent tokens, and the gated activations entering each down
+projection) are rounded in the forward and passed straight through in the backward. The router,
+shared experts and latent projections stay in full precision, as in K3.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from torch import nn
 
 from mopd.model.balancing import quantile_bias_update, sign_bias_update
 from mopd.model.config import K3HybridConfig
+from mopd.model.mx import fake_quantize
 
 # Below this many (token, expert) pairs every expert runs on every token, weighted 0 where it was
 # not chosen: two matmuls beat a gather, an expert call and a scatter per expert. On CPU with the
@@ -124,6 +130,8 @@ class LatentMoE(nn.Module):
         shared_width = config.moe_intermediate_size * config.num_shared_experts
         self.shared_experts = GatedMLP(config, d, shared_width) if shared_width else None
         self.packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see pack_for_inference
+        mx = config.routed_expert_mx or {}
+        self.weight_format, self.activation_format = mx.get("weights"), mx.get("activations")
 
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [B,T,D]; token_mask [B,T] marks real tokens (padding is not counted as expert load)."""
@@ -139,15 +147,33 @@ class LatentMoE(nn.Module):
             routed = routed + self.shared_experts(flat)
         return routed.view_as(x)
 
+    @property
+    def quantized(self) -> bool:
+        return self.weight_format is not None or self.activation_format is not None
+
     def run_experts(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        h = fake_quantize(h, self.activation_format)
         if h.shape[0] * len(self.experts) <= DENSE_EXPERT_PAIRS:
             return self.run_every_expert(h, weights, indices)
+        run_expert = self.quantized_expert_runner() if self.quantized else lambda idx, x: self.experts[idx](x)
         out = torch.zeros_like(h)
         for expert_idx in indices.unique().tolist():
             token_idx, slot = (indices == expert_idx).nonzero(as_tuple=True)
-            y = self.experts[expert_idx](h[token_idx]) * weights[token_idx, slot, None]
+            y = run_expert(expert_idx, h[token_idx]) * weights[token_idx, slot, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
+
+    def quantized_expert_runner(self):
+        """One expert's forward on the MX-rounded weights, rounded once for all experts of this call."""
+        gate_up, down = self.expert_matrices()
+        width = self.config.moe_intermediate_size
+
+        def run(idx: int, x: torch.Tensor) -> torch.Tensor:
+            gate, up = F.linear(x, gate_up[2 * width * idx : 2 * width * (idx + 1)]).chunk(2, dim=-1)
+            hidden = fake_quantize(gated_activation(gate, up, self.config), self.activation_format)
+            return F.linear(hidden, down[:, width * idx : width * (idx + 1)])
+
+        return run
 
     def run_every_expert(self, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """The routed experts' weighted sum computed densely: [N,E] combine weights, 0 off the top-k."""
@@ -156,15 +182,19 @@ class LatentMoE(nn.Module):
         combine = combine.scatter(1, indices, weights).to(h.dtype)
         gate_up, down = self.expert_matrices()
         gate, up = F.linear(h, gate_up).unflatten(-1, (num_experts, 2, -1)).unbind(2)  # [N,E,I] each
-        hidden = gated_activation(gate, up, self.config) * combine.unsqueeze(-1)
+        hidden = fake_quantize(gated_activation(gate, up, self.config), self.activation_format)
+        hidden = hidden * combine.unsqueeze(-1)  # after the rounding: the input of each down projection
         return F.linear(hidden.flatten(1), down)
 
     def expert_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every expert's gate and up rows [E*2*I, latent] and down columns [latent, E*I]."""
+        """Every expert's gate and up rows [E*2*I, latent] and down columns [latent, E*I], MX-rounded
+        per expert (blocks run along each weight's input dimension) when the experts are quantized."""
         if self.packed is not None and not torch.is_grad_enabled():
             return self.packed
         gate_up = torch.cat([torch.cat([e.w1.weight, e.w3.weight]) for e in self.experts])
-        return gate_up, torch.cat([e.w2.weight for e in self.experts], dim=1)
+        down = torch.stack([e.w2.weight for e in self.experts], dim=1)  # [latent, E, I]
+        gate_up, down = fake_quantize(gate_up, self.weight_format), fake_quantize(down, self.weight_format)
+        return gate_up, down.flatten(1)
 
     @torch.no_grad()
     def pack_for_inference(self) -> None:

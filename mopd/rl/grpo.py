@@ -39,6 +39,7 @@ from mopd.compute import cpu_seconds
 from mopd.envs import get_env, prompt_contents
 from mopd.envs.splits import TRAINED_TEXT, task_keys, write_trained_on
 from mopd.model import is_k3
+from mopd.model.export import qat_start
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
 
@@ -79,6 +80,7 @@ def train_grpo(
     after a step where it returns True (metrics.jsonl's records so far). `curve_every`: keep the policy
     every that many steps in `curve/step-N/` (the `curves` stage scores them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    init_dir = qat_start(init_dir, spec.qat and spec.qat.routed_expert_mx, out_dir, f"{spec.source}: qat")
     engine = create_engine(init_dir, backend=backend or recipe.rollout, max_model_len=recipe.max_model_len)
     try:
         return grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, trainer_class, stop, curve_every)
