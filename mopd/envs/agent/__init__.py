@@ -13,6 +13,14 @@ Protocol (the system prompt each task carries in `task.meta["system"]` says the 
   ends the episode with reward 0.
 - For a question the final answer is the number alone.
 
+That is today's harness, the `mopd` scaffold. A scaffold (`scaffolds`) is the harness as data: the
+tool's name and argument, the call syntax (tags, a JSON call object, a function-call line), the system
+prompt, the rows' format (pipe, CSV, JSON), the error wording and the role observations take. The
+env option `scaffolds` is `fixed` (today's, tasks unchanged), `rotate` (a train scaffold drawn per
+task, recorded in `task.meta["scaffold"]` and `["observation_role"]`), `heldout` (the held-out
+scaffolds of a dev or test sample) or a list of names; the scaffolds split train/dev/test by the
+hash of their names, and train tasks take train scaffolds only.
+
 Reward (`verify`) comes from the database alone: the verifier rebuilds the task's initial
 database, applies the intended change itself, and compares every table with the episode's end
 state. Any difference (a missed change, or a write to any other row) gives 0. Questions are
@@ -30,7 +38,8 @@ in exactly one split, whatever the seeds. The key is `task.meta["content_hash"]`
 text may come back in another split, asked of another database: its answer differs.)
 
 Layout: `env` (the environment: episodes, snapshots, verification), `database` (schema, generator,
-guarded connections), `tools` (tool calls, observations, answers), `verify` (task checks, split
+guarded connections), `scaffolds` (the harnesses: calls, observations, prompts, the split), `tools`
+(today's harness's calls and rows, the number of an answer), `verify` (task checks, split
 keys, the database diff), `expert` (the expert's session), `families` (one module per task family,
 and the builder table `FAMILIES`).
 """
