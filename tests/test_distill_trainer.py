@@ -273,3 +273,16 @@ def test_exopds_reference_forward_is_counted_in_the_stages_flops(setup):
     assert "reference_tokens_scored" not in plain and exopd["reference_tokens_scored"] == 200
     assert exopd["flops"] - plain["flops"] == 2 * checkpoint_active_parameters(student_dir) * 200
     assert not spec().scores_a_reference
+
+
+def test_qat_distils_with_the_sampler_and_trainer_computing_the_same_quantized_experts(setup):
+    from mopd.model.mx import quantize_dequantize
+    from mopd.recipe import QATSpec
+
+    final = run(setup, "qat", steps=2, qat=QATSpec(experts="mxfp4", activations="mxfp8"))
+    records = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train_rollout_gap"] < 1e-3 for r in records)  # the engine's experts round exactly as the trainer's
+    model = K3HybridForCausalLM.from_pretrained(final)
+    assert model.config.routed_expert_mx == {"weights": "mxfp4", "activations": "mxfp8"}
+    w1 = model.model.layers[1].block_sparse_moe.experts[0].w1.weight
+    assert not torch.equal(w1, quantize_dequantize(w1, "mxfp4"))  # the master weights stay full precision
