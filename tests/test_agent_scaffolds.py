@@ -274,3 +274,24 @@ def test_the_report_breaks_agent_accuracy_down_by_scaffold():
 def test_train_tasks_never_take_a_held_out_scaffold(choice):
     with pytest.raises(ValueError, match=r"train tasks \(what training draws\) take train scaffolds only"):
         AgentEnv(scaffolds=choice).sample(1, seed=0, split="train")
+
+
+def test_fixed_keeps_the_tiny_recipes_stage_hashes_and_rotate_changes_every_stage():
+    from pathlib import Path
+
+    from mopd.artifacts import config_hash
+    from mopd.pipeline import build_stages
+    from mopd.recipe import load_recipe, load_teacher_specs
+    from mopd.rl.teachers import spec_hash
+
+    def hashes(overrides):
+        recipe = load_recipe("recipes/tiny.yaml", overrides)
+        stages = {s.name: config_hash(s.name, s.config)[:16] for s in build_stages(recipe, Path("recipes"))}
+        specs = load_teacher_specs(recipe, Path("recipes"))
+        return stages, spec_hash(specs["agent-max"], recipe, Path("/nonexistent/base"))[:16]
+
+    recorded = ({"base": "6a5a32e4d8b955bc", "teachers": "09f8fd71322ab48c", "distill": "f32fe82627035599",
+                 "bench": "eed6bdcd9283dc86"}, "1d406d55aa95e09a")  # at 604e782, before scaffolds existed
+    assert hashes([]) == recorded
+    rotated, teacher = hashes(["envs.agent.scaffolds=rotate"])
+    assert all(rotated[name] != recorded[0][name] for name in recorded[0]) and teacher != recorded[1]
