@@ -162,3 +162,15 @@ def test_the_packed_checkpoint_served_by_vllm_scores_as_the_fake_quantized_hf_mo
 def prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
     logits = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0, :-1].float()
     return logits.log_softmax(-1).gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
+
+
+def test_transformers_loads_a_packed_checkpoint_as_the_fake_quantized_model(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    write_random_checkpoint(tmp_path / "full", "tiny", seed=0)
+    with_routed_expert_mx(tmp_path / "full", tmp_path / "fake", {"weights": "mxfp4", "activations": "mxfp8"})
+    export_mxfp4(tmp_path / "full", tmp_path / "packed", activations="mxfp8")
+    packed = AutoModelForCausalLM.from_pretrained(tmp_path / "packed", dtype=torch.float32)
+    fake = K3HybridForCausalLM.from_pretrained(tmp_path / "fake", dtype=torch.float32)
+    prompt = list(range(3, 40))
+    assert torch.equal(prompt_logprobs(packed, prompt), prompt_logprobs(fake, prompt))

@@ -9,7 +9,10 @@ config.json.
 
 from __future__ import annotations
 
+import json
+import re
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +27,7 @@ from mopd.model.config import K3HybridConfig
 from mopd.model.kda import KimiDeltaAttention
 from mopd.model.mla import MLAAttention
 from mopd.model.moe import GatedMLP, LatentMoE, Router
+from mopd.model.mx import is_mxfp4_packed, unpack_mxfp4_weights
 
 
 class K3DecoderLayer(nn.Module):
@@ -162,6 +166,15 @@ class K3HybridForCausalLM(K3HybridPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' loading, except for a checkpoint whose routed experts are packed in MXFP4
+        (`mopd export --quantize mxfp4`): transformers does not read that layout, so it is unpacked here."""
+        path = Path(pretrained_model_name_or_path)
+        if (path / "config.json").is_file() and is_mxfp4_packed(json.loads((path / "config.json").read_text())):
+            return load_mxfp4_packed(cls, path, kwargs.get("dtype"))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -234,3 +247,23 @@ def active_parameters(config: K3HybridConfig) -> int:
         for p in layer.block_sparse_moe.experts.parameters()
     )  # fmt: skip
     return total - routed + routed * config.num_experts_per_token // config.num_experts
+
+
+def load_mxfp4_packed(cls, path: Path, dtype: torch.dtype | str | None) -> K3HybridForCausalLM:
+    """A K3 checkpoint with MXFP4-packed routed experts, each dequantized into its full-precision weight;
+    the config's `routed_expert_mx` then keeps the experts computing on exactly those MXFP4 values."""
+    from safetensors.torch import load_file
+
+    config = K3HybridConfig.from_pretrained(path)
+    del config.quantization_config  # the weights below are unpacked: nothing is left for transformers to quantize
+    model = cls(config)
+    stored = {name: t for shard in sorted(path.glob("*.safetensors")) for name, t in load_file(shard).items()}
+    ignored = [re.compile(p) for p in cls._keys_to_ignore_on_load_unexpected]
+    state = {n: t for n, t in unpack_mxfp4_weights(stored.items()) if not any(p.search(n) for p in ignored)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [n for n in missing if not (config.tie_word_embeddings and n in cls._tied_weights_keys)]
+    if missing or unexpected:
+        raise ValueError(f"{path}: MXFP4 checkpoint does not match its config: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return model.to(dtype or torch.float32).eval()

@@ -15,6 +15,7 @@ and `weight_scale` uint8 [out, ceil(in/32)], the E8M0 exponents.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 import torch
@@ -82,6 +83,28 @@ def unpack_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     e8m0 = scale.contiguous().view(torch.float8_e8m0fnu)
     out = torchao_mx().to_dtype(padded.contiguous(), e8m0, element_dtype("mxfp4"), BLOCK, torch.float32)
     return out[..., :width].to(dtype)
+
+
+def unpack_mxfp4_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's (name, tensor) with each MXFP4-packed weight (`W.weight_packed` and `W.weight_scale`)
+    dequantized into `W.weight` (fp32): what the experts then compute on is exactly the MXFP4 values."""
+    halves: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        stem, _, part = name.rpartition(".")
+        if part not in ("weight_packed", "weight_scale"):
+            yield name, tensor
+            continue
+        pair = halves.setdefault(stem, {})
+        pair[part] = tensor
+        if len(pair) == 2:
+            del halves[stem]
+            yield f"{stem}.weight", unpack_mxfp4(pair["weight_packed"], pair["weight_scale"])
+    if halves:
+        raise ValueError(f"MXFP4 weights without their other half (weight_packed/weight_scale): {sorted(halves)}")
+
+
+def is_mxfp4_packed(config: dict) -> bool:
+    return (config.get("quantization_config") or {}).get("format") == "mxfp4-pack-quantized"
 
 
 def packed_bytes(shape: tuple[int, ...], fmt: str) -> int:

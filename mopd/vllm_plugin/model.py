@@ -45,7 +45,7 @@ from mopd.model.config import K3HybridConfig
 from mopd.model.kda import KimiDeltaAttention, kda_gate, kda_ops, l2norm
 from mopd.model.mla import MLAAttention
 from mopd.model.modeling import K3DecoderLayer, K3HybridModel
-from mopd.model.mx import unpack_mxfp4
+from mopd.model.mx import unpack_mxfp4_weights
 
 
 class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
@@ -85,7 +85,7 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
         targets = dict(self.named_parameters(remove_duplicate=False)) | dict(self.named_buffers())  # a tied head keeps its name
         loaded = set()
         ignored = [re.compile(p) for p in K3HybridModel._keys_to_ignore_on_load_unexpected]
-        for name, tensor in unpacked_mx_weights(weights):
+        for name, tensor in unpack_mxfp4_weights(weights):  # a packed checkpoint: dequantized at load on CPU
             if any(p.search(name) for p in ignored):
                 continue  # stored upstream but unused (e.g. layer 0's attention AttnRes: one source)
             if name not in targets:
@@ -114,25 +114,6 @@ class K3HybridForVLLM(nn.Module, HasInnerState, IsHybrid):
     @classmethod
     def get_mamba_state_copy_func(cls):
         return MambaStateCopyFuncCalculator.kda_state_copy_func()
-
-
-def unpacked_mx_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors with each MXFP4-packed routed expert weight (`W.weight_packed` and
-    `W.weight_scale`, `mopd.model.export.export_mxfp4`) dequantized into `W.weight`. The experts then
-    compute on exactly the MXFP4 values (on CPU there is no MXFP4 kernel to run them packed)."""
-    halves: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in weights:
-        stem, _, part = name.rpartition(".")
-        if part not in ("weight_packed", "weight_scale"):
-            yield name, tensor
-            continue
-        pair = halves.setdefault(stem, {})
-        pair[part] = tensor
-        if len(pair) == 2:
-            del halves[stem]
-            yield f"{stem}.weight", unpack_mxfp4(pair["weight_packed"], pair["weight_scale"])
-    if halves:
-        raise ValueError(f"MXFP4 weights without their other half (weight_packed/weight_scale): {sorted(halves)}")
 
 
 def kda_state_shape(config: K3HybridConfig):
