@@ -105,6 +105,20 @@ def test_export_writes_kimi_linear_or_names_what_blocks_it(tmp_path, capsys):
     assert "attn_res_block_size" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_export_quantize_packs_the_experts_and_prints_their_bytes_or_refuses_a_stray_flag(tmp_path, capsys):
+    from mopd.model import K3HybridForCausalLM, preset_config
+
+    K3HybridForCausalLM(preset_config("tiny", vocab_size=64)).save_pretrained(tmp_path / "k3")
+    capsys.readouterr()
+    assert run_cli("export", str(tmp_path / "k3"), str(tmp_path / "mx"), "--quantize", "mxfp4") == 0
+    out = capsys.readouterr().out
+    assert "MXFP4 routed experts" in out and "0.269 of bf16" in out
+    assert '"format": "mxfp4-pack-quantized"' in (tmp_path / "mx" / "config.json").read_text()
+    assert run_cli("export", str(tmp_path / "k3"), str(tmp_path / "x"), "--activations", "none") == 2
+    err = capsys.readouterr().err
+    assert "--activations" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_overrides_may_follow_options(tmp_path):
     from mopd.cli import build_parser, parse
 
