@@ -196,6 +196,15 @@ class DistillSpec(Strict):
     micro_batch_tokens: int | None = Field(
         None, gt=0, description="padded tokens per train micro-batch, rollouts sorted by length; null: one batch"
     )
+    packing: bool = Field(
+        False, description="the student's forward/backward and HF teacher scoring run on packed rows (sequences "
+        "concatenated with restarting position ids, no padding; `micro_batch_tokens` then counts real tokens); needs models "
+        "whose attention honours packed position ids (transformers' llama and the like: checked at load), not the K3 hybrid"
+    )
+    scoring: Literal["hf", "vllm"] = Field(
+        "hf", description="how teachers score: hf: a chunked HF forward (the only engine for `full_vocab_kl`); vllm: a "
+        "prefill in a vLLM engine per teacher (`prompt_logprobs`: the sampled token's log-prob, or a top-k)"
+    )
     checkpoint_every: int = Field(5, gt=0)
     teacher_actors: bool = Field(True, description="score with one Ray actor per teacher; false: in-process")
     teacher_num_cpus: float = Field(0.1, ge=0, description="Ray CPUs reserved per teacher actor")
@@ -244,6 +253,21 @@ class DistillSpec(Strict):
                 f"allocation_floor: {self.allocation_floor} prompts for each of the mix's {cells} cells is more than "
                 f"prompts_per_step ({self.prompts_per_step})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_scores_sampled_tokens(self) -> DistillSpec:
+        if self.scoring == "vllm" and self.full_vocab_kl:
+            raise ValueError(
+                "scoring: vllm needs full_vocab_kl: false (vLLM returns the sampled token's log-prob or a top-k, "
+                "not the full-vocabulary distribution the exact KL needs; scoring: hf computes it)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _packing_in_process(self) -> DistillSpec:
+        if self.packing and self.trainer_workers > 1:
+            raise ValueError("packing: true trains in one process; trainer_workers > 1 (FSDP2) trains on padded batches")
         return self
 
     @model_validator(mode="after")

@@ -36,6 +36,20 @@ def build_student(out: Path, seed: int = 0, **config_overrides) -> Path:
     return out
 
 
+def build_llama(out: Path, tokenizer, seed: int = 0) -> Path:
+    """A freshly initialised two-layer llama (a stock transformers and vLLM architecture) with `tokenizer`, saved to `out`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def seeded_copy(student: Path, out: Path, seed: int) -> Path:
     """The student's architecture and tokenizer with freshly seeded weights (a stand-in teacher)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

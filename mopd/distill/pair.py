@@ -198,6 +198,16 @@ def add_distill_parser(subparsers) -> None:
              "log-probs; needs a GPU or a CPU with AVX-512 BF16 or AMX) or fp32; default %(default)s: the schema's "
              "(a recipe's `precision`), and recipes/tiny.yaml's",
     )  # fmt: skip
+    parser.add_argument(
+        "--scoring", choices=get_args(DistillSpec.model_fields["scoring"].annotation), default=schema.scoring,
+        help="how the teacher scores the student's samples: hf (a chunked HF forward; the exact --full-vocab-kl needs it) "
+             f"or vllm (a prefill in a vLLM engine, the sampled token's log-prob; needs --no-full-vocab-kl); {schema_default()}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--packing", action=argparse.BooleanOptionalAction, default=schema.packing,
+        help="train the student and score with HF on packed rows (no padding); needs models that honour packed position "
+             f"ids (llama-style transformers models, not the K3 hybrid; checked at load); {schema_default()}",
+    )  # fmt: skip
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
                         help="held-out tasks scored into eval.json; 0 skips (default %(default)s, pair mode's own: "
                              "the schema's eval_tasks is 0, as a recipe's bench stage scores instead)")  # fmt: skip
@@ -231,6 +241,7 @@ def cmd_distill(args) -> int:
             env_options={"code": {"allow_degraded": True}} if args.allow_degraded_sandbox else None,
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
             full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks, precision=args.precision,
+            scoring=args.scoring, packing=args.packing,
         )  # fmt: skip
     except (PairError, RoutingError, TaskFileError, RecipeError, SandboxUnavailable) as err:
         print(f"mopd distill: error: {err}", file=sys.stderr)

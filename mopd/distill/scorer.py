@@ -10,6 +10,14 @@ Memory is linear in tokens: the LM head runs only at completion positions, a bou
 positions at a time, so no [B, T, V] tensor exists. Only `full` keeps [T, V] per sequence, and it
 warns when that exceeds 1 GiB in a call.
 
+With `packing` (`distill.packing`) each batch is one packed row, sequences back to back with position
+ids restarting at each (`mopd.distill.packing`): no padding is computed; a teacher that cannot keep
+packed sequences apart (the K3 hybrid) is refused at load.
+
+`VllmTeacherScorer` (`distill.scoring: vllm`) scores by a prefill in a vLLM engine instead
+(`prompt_logprobs`, the engine's own batching): the sampled token's log-prob and optionally a top-k,
+never the full distribution, so the exact full-vocabulary KL keeps the HF scorer.
+
 `TeacherPool` runs one scorer per distinct teacher checkpoint, as Ray actors by default (teachers
 score in parallel, each in its own process) or in-process for small local runs. With
 `max_resident` it keeps at most that many teachers' weights loaded at once, an LRU: a step's
@@ -27,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from mopd.distill.packing import check_packing, packed_row
 from mopd.distill.routing import RouteTable
 from mopd.precision import autocast
 
@@ -48,6 +57,7 @@ class TeacherScorer:
     def __init__(
         self, checkpoint: str | Path, dtype: str = "float32", max_batch_tokens: int = 16384, threads: int = 0,
         device: str = "cpu", logits_chunk_bytes: int = 256 * 2**20, load: bool = True, precision: str | None = None,
+        packing: bool = False,
     ):  # fmt: skip
         if threads:
             torch.set_num_threads(threads)
@@ -57,6 +67,7 @@ class TeacherScorer:
         self.max_batch_tokens = max_batch_tokens
         self.logits_chunk_bytes = logits_chunk_bytes
         self.precision = precision  # bf16: the body and head run under autocast; the log-softmax is fp32
+        self.packing = packing  # each batch is one packed row (`mopd.distill.packing`), `max_batch_tokens` real tokens
         self.model = None
         self.resident = False
         self.tokens_scored = 0
@@ -89,6 +100,8 @@ class TeacherScorer:
         self.body, self.head = self.model.get_decoder(), self.model.get_output_embeddings()
         self.vocab_size = self.head.weight.shape[0]
         self.check_logits_are_head_of_body()
+        if self.packing:
+            check_packing(self.model, f"teacher {self.checkpoint}")
         self.pad_id = self.model.config.pad_token_id or 0
         self.chunk_tokens = max(1, self.logits_chunk_bytes // (4 * self.vocab_size))
 
@@ -115,21 +128,27 @@ class TeacherScorer:
             warn_if_full_is_large(sum(len(c) for c in completion_ids), self.vocab_size)
         sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
         out: list[TeacherScores | None] = [None] * len(sequences)
-        for batch in token_budget_batches(sequences, self.max_batch_tokens):
+        batches = packed_batches if self.packing else token_budget_batches
+        for batch in batches(sequences, self.max_batch_tokens):
             with autocast(self.device, self.precision):
-                hidden = self.hidden_states([sequences[i] for i in batch])
+                hidden, starts = self.hidden_states([sequences[i] for i in batch])
             for row, i in enumerate(batch):
-                start, n = len(prompt_ids[i]) - 1, len(completion_ids[i])
+                start, n = starts[row] + len(prompt_ids[i]) - 1, len(completion_ids[i])
                 tokens = torch.tensor(completion_ids[i], device=self.device)
-                out[i] = self.completion_scores(hidden[row, start : start + n], tokens, top_k, full)
+                out[i] = self.completion_scores(hidden[start : start + n], tokens, top_k, full)
         self.tokens_scored += sum(len(c) for c in completion_ids)
         return out  # type: ignore[return-value]
 
-    def hidden_states(self, sequences: list[list[int]]) -> torch.Tensor:
-        """[B, T, hidden] at each position; right padding is invisible to a causal model."""
+    def hidden_states(self, sequences: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """([positions, hidden] of the batch's rows one after the other, the position each sequence starts at).
+        Padded rows: right padding is invisible to a causal model. Packed: one row, no padding."""
+        if self.packing:
+            input_ids, position_ids, starts = packed_row(sequences, self.device)
+            return self.body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0], starts
         width = max(len(s) for s in sequences)
         batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences], device=self.device)
-        return self.body(input_ids=batch, use_cache=False).last_hidden_state
+        hidden = self.body(input_ids=batch, use_cache=False).last_hidden_state
+        return hidden.flatten(0, 1), [row * width for row in range(len(sequences))]
 
     def completion_scores(self, hidden: torch.Tensor, tokens: torch.Tensor, top_k: int, full: bool) -> TeacherScores:
         """Log-softmax in fp32 of head(hidden), `chunk_tokens` positions at a time, written into [T]-sized outputs."""
@@ -186,6 +205,92 @@ def token_budget_batches(sequences: list[list[int]], max_tokens: int) -> list[li
     return batches
 
 
+class VllmTeacherScorer:
+    """A teacher scoring in a vLLM engine: one prefill per sequence under the engine's own batching
+    (`prompt_logprobs`), giving the sampled token's log-prob and, with `top_k`, the teacher's k most likely
+    tokens (at most vLLM's `max_logprobs`, 20). No full distribution: the exact KL needs `TeacherScorer`.
+    `precision` bf16: the engine computes in bf16; otherwise fp32. `offload` shuts the engine down, `load`
+    starts it again (an engine start costs tens of seconds on CPU)."""
+
+    def __init__(
+        self, checkpoint: str | Path, threads: int = 0, load: bool = True, precision: str | None = None, max_model_len: int = 2048
+    ):  # fmt: skip
+        if threads:
+            torch.set_num_threads(threads)
+        self.checkpoint = str(checkpoint)
+        self.dtype = "bfloat16" if precision == "bf16" else "float32"
+        self.max_model_len = max_model_len
+        self.engine = None
+        self.tokens_scored = 0
+        if load:
+            self.load()
+
+    @property
+    def resident(self) -> bool:
+        return self.engine is not None
+
+    def load(self) -> None:
+        from mopd.rollout.vllm_backend import VllmEngine
+
+        if self.engine is None:
+            self.engine = VllmEngine(self.checkpoint, max_model_len=self.max_model_len, dtype=self.dtype)
+
+    def offload(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def score(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
+    ) -> list[TeacherScores]:
+        check_requests(prompt_ids, completion_ids)
+        if full:
+            raise ValueError(f"teacher {self.checkpoint}: vLLM scores no full-vocabulary distribution (distill.scoring: hf does)")
+        if not self.resident:
+            raise RuntimeError(f"teacher {self.checkpoint} is offloaded: load() it before scoring")
+        if top_k:
+            out = self.top_k_scores(prompt_ids, completion_ids, top_k)
+        else:
+            out = [TeacherScores(logprobs=torch.tensor(lp)) for lp in self.engine.score(prompt_ids, completion_ids)]
+        self.tokens_scored += sum(len(c) for c in completion_ids)
+        return out
+
+    def top_k_scores(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int) -> list[TeacherScores]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sequences = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=top_k, detokenize=False)
+        outputs = self.engine.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
+        return [
+            top_k_of(out.prompt_logprobs[len(prompt) :], completion, top_k)
+            for out, prompt, completion in zip(outputs, prompt_ids, completion_ids, strict=True)
+        ]
+
+
+def top_k_of(steps: list[dict], tokens: list[int], top_k: int) -> TeacherScores:
+    """TeacherScores from vLLM's per-position {token: Logprob} (the k most likely, and the sampled token)."""
+    best = [sorted(step.items(), key=lambda item: -item[1].logprob)[:top_k] for step in steps]
+    return TeacherScores(
+        logprobs=torch.tensor([step[token].logprob for step, token in zip(steps, tokens, strict=True)]),
+        topk_ids=torch.tensor([[token for token, _ in row] for row in best]),
+        topk_logprobs=torch.tensor([[logprob.logprob for _, logprob in row] for row in best]),
+    )
+
+
+def packed_batches(sequences: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Indices in order, cut into runs of at most max_tokens real tokens (a longer sequence is a run of its own)."""
+    batches: list[list[int]] = []
+    tokens = 0
+    for i, sequence in enumerate(sequences):
+        if not batches or tokens + len(sequence) > max_tokens:
+            batches.append([])
+            tokens = 0
+        batches[-1].append(i)
+        tokens += len(sequence)
+    return batches
+
+
 class TeacherPool:
     """One scorer per distinct teacher checkpoint; `score` sends each sample to its cell's teacher.
     At most `max_resident` teachers hold their weights at once (null: all of them)."""
@@ -193,6 +298,7 @@ class TeacherPool:
     def __init__(
         self, table: RouteTable, use_ray: bool = True, num_cpus: float = 0.1, num_gpus: float = 0.0, threads: int = 1,
         ray_address: str | None = None, max_resident: int | None = None, precision: str | None = None,
+        scoring: str = "hf", packing: bool = False, max_model_len: int = 2048,
     ):  # fmt: skip
         if max_resident is not None and max_resident < 1:
             raise ValueError(f"max_resident teachers must be at least 1, got {max_resident}")
@@ -208,17 +314,17 @@ class TeacherPool:
             from mopd.cluster import connect_ray
 
             connect_ray(ray_address)
-            actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(TeacherScorer)
             device = "cuda" if num_gpus > 0 else "cpu"
+            scorer, options = scorer_kind(scoring, device, packing, max_model_len)
+            actor = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(scorer)
             self.scorers = {
-                path: actor.remote(path, threads=threads, device=device, load=path in self.resident, precision=precision)
+                path: actor.remote(path, threads=threads, load=path in self.resident, precision=precision, **options)
                 for path in paths
             }
         else:
             device = "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
-            self.scorers = {
-                path: TeacherScorer(path, device=device, load=path in self.resident, precision=precision) for path in paths
-            }
+            scorer, options = scorer_kind(scoring, device, packing, max_model_len)
+            self.scorers = {path: scorer(path, load=path in self.resident, precision=precision, **options) for path in paths}
 
     def score(
         self, cells: list[str], prompt_ids: list[list[int]], completion_ids: list[list[int]], top_k: int = 0, full: bool = False
@@ -268,4 +374,14 @@ class TeacherPool:
 
             for actor in self.scorers.values():
                 ray.kill(actor)
+        else:
+            for scorer in self.scorers.values():
+                scorer.offload()  # a vLLM teacher's engine now, not under the next engine of this process
         self.scorers = {}
+
+
+def scorer_kind(scoring: str, device: str, packing: bool, max_model_len: int) -> tuple[type, dict]:
+    """The scorer class of `distill.scoring` and its own options."""
+    if scoring == "vllm":
+        return VllmTeacherScorer, {"max_model_len": max_model_len}
+    return TeacherScorer, {"device": device, "packing": packing}

@@ -5,6 +5,7 @@
     Student.train_step(rollouts, ...)  one optimizer step on the teachers' per-token scores
     scheduled_learning_rate            the step's learning rate (`lr_schedule`)
     collate / length_sorted_micro_batches   rollouts → padded tensors, cut by length
+    packed_collate / token_micro_batches    `packing`: rollouts → one packed row, cut by real tokens
     token_weights                      each rollout's per-token weight in the step's loss (`balance_tokens`)
 
 `mopd.distill.trainer` drives it step by step; `mopd.distill.sharded` runs the same step under FSDP2.
@@ -29,6 +30,7 @@ from mopd.distill.loss import (
     mopd_loss,
     token_metrics,
 )
+from mopd.distill.packing import check_packing, packed_row
 from mopd.distill.scorer import TeacherScores
 from mopd.precision import autocast
 from mopd.recipe import DistillSpec
@@ -37,16 +39,17 @@ from mopd.rollout.episodes import Rollout
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
-    attention_mask: torch.Tensor  # [B, L]
-    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t
+    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded; packed: [1, N] every rollout back to back
+    attention_mask: torch.Tensor | None  # [B, L]; packed: None (the position ids mark the boundaries)
+    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t (packed: in the one row)
     tokens: torch.Tensor  # [B, T] completion tokens
     mask: torch.Tensor  # [B, T] 1 on tokens the student generated
     rollout_logprobs: torch.Tensor  # [B, T]
     teacher_logprobs: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor | None = None  # packed: [1, N], restarting at 0 on each rollout
 
     def to(self, device) -> Batch:
-        return Batch(**{name: tensor.to(device) for name, tensor in vars(self).items()})
+        return Batch(**{name: None if tensor is None else tensor.to(device) for name, tensor in vars(self).items()})
 
 
 class Student:
@@ -83,6 +86,8 @@ class Student:
         reference = None
         if spec.scores_a_reference:  # ExOPD measures the teacher's gain against the initial student
             reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval().to(device)
+        if spec.packing:
+            check_packing(model, "the student")
         return cls(model, AutoTokenizer.from_pretrained(model_dir), optimizer, spec, reference)
 
     def optimizer_state(self) -> dict:
@@ -105,6 +110,7 @@ class Student:
         Every token carries its weight in the step's loss (`token_weights`), so the summed gradients
         of the micro-batches equal those of the whole batch at once (padding every rollout to the
         longest would cost the most compute where rollouts differ most: a sum next to an agent episode).
+        With `packing` each micro-batch is one packed row: no padding at all.
         """
         spec = self.spec
         pad_id = self.model.config.pad_token_id or 0
@@ -114,8 +120,8 @@ class Student:
         train_logprobs = torch.zeros_like(full.rollout_logprobs)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for rows in length_sorted_micro_batches(rollouts, spec.micro_batch_tokens):
-            batch = collate([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id).to(self.model.device)
+        for rows in micro_batches(rollouts, spec.micro_batch_tokens, spec.packing):
+            batch = micro_batch([rollouts[i] for i in rows], [scores[i] for i in rows], pad_id, spec.packing).to(self.model.device)
             loss, logprobs = self.micro_batch_loss(batch, [scores[i] for i in rows], orm[rows], weights[rows])
             loss.backward()
             loss_sum += float(loss.detach())
@@ -159,6 +165,9 @@ class Student:
 
     @staticmethod
     def completion_logits(model, batch: Batch) -> torch.Tensor:
+        """[B, T, V] logits at the positions that predict each rollout's completion tokens."""
+        if batch.position_ids is not None:  # packed: one row, the rollouts' positions index into it
+            return model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits[0, batch.positions]
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
 
@@ -169,6 +178,14 @@ def adamw(model: torch.nn.Module, spec: DistillSpec) -> torch.optim.AdamW:
     # parameters on a device with fused kernels: the student's are float32 on "cpu" or "cuda" (a recipe's only
     # devices), and FSDP2's DTensor shards qualify too (DTensor runs `_fused_adamw_` pointwise, shard by shard).
     return torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0, fused=True)
+
+
+def micro_batches(rollouts: list[Rollout], max_tokens: int | None, packing: bool) -> list[list[int]]:
+    return token_micro_batches(rollouts, max_tokens) if packing else length_sorted_micro_batches(rollouts, max_tokens)
+
+
+def micro_batch(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int, packing: bool) -> Batch:
+    return packed_collate(rollouts, scores) if packing else collate(rollouts, scores, pad_id)
 
 
 def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -> Batch:
@@ -182,15 +199,31 @@ def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -
         input_ids[i, : len(seq)] = torch.tensor(seq)
         attention_mask[i, : len(seq)] = 1
         positions[i] = (len(r.prompt_ids) - 1 + torch.arange(steps)).clamp(max=width - 1)
+    return Batch(input_ids=input_ids, attention_mask=attention_mask, positions=positions, **completion_tensors(rollouts, scores, steps))
+
+
+def packed_collate(rollouts: list[Rollout], scores: list[TeacherScores]) -> Batch:
+    """The rollouts back to back in one row (`mopd.distill.packing`); the completion tensors as `collate`'s."""
+    input_ids, position_ids, starts = packed_row([r.prompt_ids + r.token_ids for r in rollouts])
+    steps = max(len(r.token_ids) for r in rollouts)
+    positions = torch.stack([
+        (start + len(r.prompt_ids) - 1 + torch.arange(steps)).clamp(max=start + len(r.prompt_ids) + len(r.token_ids) - 1)
+        for start, r in zip(starts, rollouts, strict=True)
+    ])  # fmt: skip
     return Batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        positions=positions,
-        tokens=pad_stack([torch.tensor(r.token_ids) for r in rollouts], steps, dtype=torch.long),
-        mask=pad_stack([torch.tensor(r.loss_mask, dtype=torch.float32) for r in rollouts], steps),
-        rollout_logprobs=pad_stack([torch.tensor(r.logprobs, dtype=torch.float32) for r in rollouts], steps),
-        teacher_logprobs=pad_stack([s.logprobs.float() for s in scores], steps),
-    )
+        input_ids=input_ids, attention_mask=None, positions=positions, position_ids=position_ids,
+        **completion_tensors(rollouts, scores, steps),
+    )  # fmt: skip
+
+
+def completion_tensors(rollouts: list[Rollout], scores: list[TeacherScores], steps: int) -> dict[str, torch.Tensor]:
+    """Per rollout, its completion's tokens, loss mask, sampler and teacher log-probs, zero-padded to `steps`."""
+    return {
+        "tokens": pad_stack([torch.tensor(r.token_ids) for r in rollouts], steps, dtype=torch.long),
+        "mask": pad_stack([torch.tensor(r.loss_mask, dtype=torch.float32) for r in rollouts], steps),
+        "rollout_logprobs": pad_stack([torch.tensor(r.logprobs, dtype=torch.float32) for r in rollouts], steps),
+        "teacher_logprobs": pad_stack([s.logprobs.float() for s in scores], steps),
+    }
 
 
 def length_sorted_micro_batches(rollouts: list[Rollout], max_tokens: int | None) -> list[list[int]]:
@@ -201,6 +234,21 @@ def length_sorted_micro_batches(rollouts: list[Rollout], max_tokens: int | None)
         return [list(range(len(rollouts)))]
     order = sorted(range(len(rollouts)), key=lengths.__getitem__)
     return pack(order, [lengths[i] for i in order], max_tokens)
+
+
+def token_micro_batches(rollouts: list[Rollout], max_tokens: int | None) -> list[list[int]]:
+    """Rollout indices in order, cut into runs whose real tokens fit `max_tokens` (a longer rollout is a run of
+    its own; None: one run of all): the packed rows of a step."""
+    runs: list[list[int]] = []
+    tokens = 0
+    for i, r in enumerate(rollouts):
+        length = len(r.prompt_ids) + len(r.token_ids)
+        if not runs or (max_tokens is not None and tokens + length > max_tokens):
+            runs.append([])
+            tokens = 0
+        runs[-1].append(i)
+        tokens += length
+    return runs
 
 
 def pad_stack(rows: list[torch.Tensor], length: int, dtype=torch.float32) -> torch.Tensor:

@@ -164,6 +164,7 @@ def train_mopd(
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
         ray_address=ray_address, max_resident=spec.max_resident_teachers, precision=spec.precision,
+        scoring=spec.scoring, packing=spec.packing, max_model_len=max_model_len,
     )  # fmt: skip
     log = MetricsLog(out_dir / "metrics.jsonl")
     log.resume_after(start_step)
