@@ -24,6 +24,7 @@ from rich.console import Console
 
 from mopd.artifacts import config_hash, read_json, set_aside, write_json_atomic
 from mopd.compute import cpu_seconds, device_of
+from mopd.envs.effort import hashed_effort
 from mopd.envs.sandbox import describe_backend, resolve_backend
 from mopd.recipe import Recipe
 
@@ -131,7 +132,7 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
     from mopd.recipe import load_teacher_specs, resolve_path
     from mopd.rl.teachers import teachers_compute, train_teachers
 
-    shared = {"seed": recipe.seed, "envs": recipe.envs, "efforts": recipe.model_dump(mode="json")["efforts"]}
+    shared = {"seed": recipe.seed, "envs": recipe.envs, "efforts": {e: hashed_effort(s) for e, s in recipe.efforts.items()}}
     sampling = {**shared, "rollout": recipe.rollout, **recipe.engine_limits()}
     specs = load_teacher_specs(recipe, recipe_dir)
     suite = resolve_path(recipe.bench.suite, recipe_dir)
@@ -144,7 +145,7 @@ def build_stages(recipe: Recipe, recipe_dir: Path | None = None) -> list[Stage]:
     baselines = baseline_stages(recipe, sampling, recipe_dir, "mixed_rl" in code)
     curves = curves_stages(recipe, sampling, recipe_dir, [b.name for b in baselines], "curves" in code)
     return [
-        Stage("base", {**shared, "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
+        Stage("base", {**shared, **unsampled(recipe), "model": hashed_fields(recipe.model), "base": hashed_fields(recipe.base)}, build_base,
               judges_code="base" in code),
         Stage(
             "teachers",
@@ -225,6 +226,11 @@ def check_code_sandbox(recipe: Recipe, recipe_dir: Path | None = None) -> str | 
     specs = load_teacher_specs(recipe, recipe_dir)
     judging = stages_judging_code(recipe, specs, resolve_path(recipe.bench.suite, recipe_dir), recipe_dir)
     return code_sandbox(recipe) if judging else None
+
+
+def unsampled(recipe: Recipe) -> dict[str, Any]:
+    """The efforts as a stage that never samples hashes them: without what only sampling reads (`on_budget`)."""
+    return {"efforts": {effort: hashed_effort(spec, samples=False) for effort, spec in recipe.efforts.items()}}
 
 
 def hashed_fields(model) -> dict:

@@ -11,7 +11,7 @@ chains longer than `high_chain_terms` to max.) `python -m benchmarks.effort_prot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,11 +29,22 @@ class EffortSpec(BaseModel):
     budget_tokens: int = Field(gt=0, description="thinking tokens allowed inside <think>…</think>")
     answer_tokens: int = Field(64, gt=0, description="tokens allowed after </think>")
     length_penalty: float = Field(0.0, ge=0.0, le=1.0, description="reward × (1 − penalty × thinking/budget)")
+    on_budget: Literal["force", "fail"] = Field(
+        "fail", description="a turn whose thinking reaches the budget unclosed: force = the engine closes it and the "
+        "model answers within answer_tokens (`mopd.rollout.forcing`); fail = it thinks on and is over budget"
+    )
 
     @property
     def max_new_tokens(self) -> int:
         """Generation limit for one assistant turn: the think tags, the budget and the answer."""
         return self.budget_tokens + self.answer_tokens + 2
+
+
+def hashed_effort(spec: EffortSpec, samples: bool = True) -> dict[str, Any]:
+    """A spec's fields for a stage hash: every field stages hashed before `on_budget` existed, and `on_budget` only
+    where it forces and the stage `samples`, so the default keeps finished stages and a stage that never samples
+    (the base's SFT) ignores it."""
+    return spec.model_dump(exclude=None if samples and spec.on_budget == "force" else {"on_budget"})
 
 
 def default_effort_specs() -> dict[str, EffortSpec]:

@@ -34,6 +34,7 @@ from mopd.artifacts import MetricsLog, config_hash, read_json, set_aside, write_
 from mopd.base.sft import base_checkpoint, check_checkpoint
 from mopd.cluster import StatusLines, run_in_slots, slots, start_ray
 from mopd.compute import checkpoint_active_parameters, steps_compute, total_compute
+from mopd.envs.effort import hashed_effort
 from mopd.envs.tokenizer import transcript_text
 from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
 from mopd.rl.evaluate import evaluate_cell
@@ -104,7 +105,7 @@ def spec_hash(spec, recipe: Recipe, init: Path) -> str:
     limits = recipe.engine_limits()
     return config_hash(
         spec.model_dump(mode="json", exclude_defaults=True),
-        recipe.efforts[spec.effort].model_dump(),
+        hashed_effort(recipe.efforts[spec.effort]),
         recipe.envs,
         recipe.seed,
         recipe.rollout,
