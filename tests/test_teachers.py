@@ -92,6 +92,16 @@ def test_grpo_logs_every_metric_each_step_and_saves_an_hf_teacher(run_dir, tmp_p
     assert json.loads((tmp_path / "config.json").read_text())["use_cache"] is True
 
 
+def test_a_qat_teacher_samples_and_trains_on_the_same_mx_rounded_experts(run_dir, tmp_path):
+    recipe = smoke_recipe(
+        "teachers.common={steps: 1, prompts_per_step: 2, group_size: 2, qat: {experts: mxfp4, activations: mxfp8}}"
+    )
+    train_teacher(load_teacher_specs(recipe)["general-high"], recipe, run_dir / "base", tmp_path)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["logp_gap_max"] < 1e-4  # the sampler's experts round exactly as the trainer's
+    assert json.loads((tmp_path / "config.json").read_text())["routed_expert_mx"] == {"weights": "mxfp4", "activations": "mxfp8"}
+
+
 def padded_rollouts(prompt_lengths, completion_lengths, width_prompt=6, width_completion=7):
     """A TRL-style batch: prompts left-padded, completions right-padded, token ids >= 3 where real."""
     rows = len(prompt_lengths)
