@@ -32,6 +32,14 @@ def torchao_round_trip(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("shape", [(64, 64), (512, 256), (16, 8, 32)])
+def test_the_rounding_equals_torchaos_bit_for_bit_on_random_tensors(shape, fmt):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*shape, generator=g) * torch.rand(*shape, generator=g) * 10
+    assert torch.equal(quantize_dequantize(x, fmt), torchao_round_trip(x, fmt))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
 def test_round_trip_is_torchaos_and_a_partial_block_rounds_as_a_zero_padded_one(fmt):
     x = torch.randn(16, 48, generator=torch.Generator().manual_seed(0)) * 3
     out = quantize_dequantize(x, fmt)
@@ -40,6 +48,24 @@ def test_round_trip_is_torchaos_and_a_partial_block_rounds_as_a_zero_padded_one(
     assert torch.equal(out[:, 32:], torchao_round_trip(padded_tail, fmt)[:, :16])
     assert not torch.equal(out, x)
     assert torch.equal(quantize_dequantize(out, fmt), out)  # MX values are fixed points of the rounding
+
+
+EDGES = {
+    "ties": torch.arange(256.0).view(4, 64) / 8 - 16,  # every half step of both element grids
+    "grid": torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 6.5, -0.25, -2.5, -5.0, 1e-3, 8.0, 0.125, 3.0] * 4),
+    "zeros": torch.zeros(4, 64),
+    "near the least normal float": torch.randn(4, 64, generator=torch.Generator().manual_seed(3)) * 1e-38,
+    "huge": torch.randn(4, 64, generator=torch.Generator().manual_seed(4)) * 1e38,
+    "one outlier": torch.cat([torch.full((4, 1), 1000.0), torch.randn(4, 63, generator=torch.Generator().manual_seed(5))], 1),
+    "bf16": (torch.randn(8, 64, generator=torch.Generator().manual_seed(6)) * 3).bfloat16(),
+}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+@pytest.mark.parametrize("name", list(EDGES))
+def test_the_rounding_equals_torchaos_bit_for_bit_at_ties_saturation_and_tiny_scales(name, fmt):
+    x = EDGES[name].reshape(-1, 64)
+    assert torch.equal(quantize_dequantize(x, fmt), torchao_round_trip(x, fmt))
 
 
 def test_mxfp4_packing_is_torchaos_layout_and_unpacks_to_the_rounded_weight():

@@ -3,10 +3,11 @@ the packed MXFP4 layout a quantized checkpoint stores.
 
 An MX tensor splits its last dimension into blocks of 32 values that share one power-of-two scale
 (E8M0); each value is an FP4 E2M1 (MXFP4) or an FP8 E4M3 (MXFP8) element. torchao's `to_mx` and
-`to_dtype` do the rounding. They need the last dimension to be a multiple of 32; a tensor whose last
-dimension is not (the tiny preset's latent width is 48) gets a final partial block: it is padded
-with zeros, which cannot raise a block's maximum, so the real values quantize exactly as in a full
-block, and the padding is dropped again.
+`to_dtype` define the rounding and pack the checkpoint; QAT's per-forward rounding restates them
+without the packing (`quantize_dequantize`, bit-identical). torchao needs the last dimension to be a
+multiple of 32; a tensor whose last dimension is not (the tiny preset's latent width is 48) gets a
+final partial block: it is padded with zeros, which cannot raise a block's maximum, so the real
+values quantize exactly as in a full block, and the padding is dropped again.
 
 The packed layout is compressed-tensors' `mxfp4-pack-quantized` (what vLLM reads for Kimi K3's
 experts): `weight_packed` uint8 [out, in/2], element 2j in the low nibble and 2j+1 in the high one,
@@ -25,6 +26,8 @@ from mopd.model.config import MX_FORMAT_NAMES as MX_FORMATS
 
 MXFormat = Literal["mxfp4", "mxfp8"]
 BLOCK = 32
+E2M1_MAX, E4M3_MAX = 6.0, 448.0
+ELEMENT_MAX_EXPONENT = {"mxfp4": 2, "mxfp8": 8}  # log2 of the largest power of two each element holds
 # bits a value costs on disk: its element plus its share of the block's 8-bit scale
 BITS_PER_VALUE = {"mxfp4": 4 + 8 / BLOCK, "mxfp8": 8 + 8 / BLOCK}
 
@@ -45,14 +48,36 @@ def element_dtype(fmt: str) -> torch.dtype:
 
 
 def quantize_dequantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """`x` rounded to `fmt` in blocks of 32 along its last dimension, back in x's dtype (no gradient)."""
-    mx = torchao_mx()
+    """`x` rounded to `fmt` in blocks of 32 along its last dimension, back in x's dtype (no gradient).
+
+    torchao's rounding (`to_mx` then `to_dtype`: the scale is the block maximum's power of two over the
+    element's, values round to nearest even and saturate), restated without its packed FP4 detour:
+    on CPU, to_mx packs FP4 nibbles that to_dtype unpacks again, 3-4x the time of the rounding
+    alone, paid in every forward of QAT. tests/test_mx.py holds the two equal bit for bit."""
+    element_dtype(fmt)  # refuses an unknown format by name
     with torch.no_grad():
-        padded, width = pad_to_blocks(x.detach())
-        hp = padded if padded.dtype in (torch.float32, torch.bfloat16) else padded.float()
-        scale, data = mx.to_mx(hp.contiguous(), element_dtype(fmt), BLOCK)
-        out = mx.to_dtype(data, scale, element_dtype(fmt), BLOCK, hp.dtype)
-        return out[..., :width].to(x.dtype)
+        padded, width = pad_to_blocks(x.detach().float())
+        blocks = padded.unflatten(-1, (-1, BLOCK))
+        scale = block_scale(blocks.abs().amax(-1, keepdim=True), fmt)
+        # as torchao: divide by a scale no smaller than the least normal float, multiply back by the true one
+        values = round_to_element(blocks / scale.clamp(min=torch.finfo(torch.float32).tiny), fmt)
+        return (values * scale).flatten(-2)[..., :width].to(x.dtype)
+
+
+def block_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
+    """2^(floor(log2 amax) − emax of the element), the E8M0 exponent clamped to [−127, 128]."""
+    exponent = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - ELEMENT_MAX_EXPONENT[fmt]
+    return torch.exp2(exponent.clamp(-127, 128).float())
+
+
+def round_to_element(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """v rounded to the nearest FP8 E4M3 or FP4 E2M1 value (ties to even), saturating at its maximum."""
+    if fmt == "mxfp8":
+        return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    magnitude = v.abs().clamp(max=E2M1_MAX)
+    # E2M1's values are 0, 0.5 … 1.5 in steps of 0.5, then 2, 3, then 4, 6: round in units of the local step
+    step = torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+    return torch.copysign(torch.round(magnitude / step) * step, v)
 
 
 def fake_quantize(x: torch.Tensor, fmt: str | None) -> torch.Tensor:
