@@ -180,6 +180,8 @@ class ChatFormat:
                                           "user") and the next assistant header
         stop_ids                          the tokens that end an assistant turn
         count_tokens(ids)                 (thinking, answer) tokens of one sampled turn
+        forced_close                      what the engine appends to a turn whose thinking hits its budget
+                                          unclosed (budget forcing, `mopd.rollout.forcing`)
 
     `chat_format(tokenizer)` picks one: `NativeChat` for a tokenizer with our effort tokens (the models
     the pipeline grows), `TemplateChat` for any other model, through its own chat template.
@@ -187,6 +189,7 @@ class ChatFormat:
 
     tokenizer: PreTrainedTokenizerBase
     stop_ids: list[int]
+    forced_close: str
 
     def prompt_ids(self, task: Task, budget: int | None = None) -> list[int]: ...
 
@@ -208,6 +211,8 @@ def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
 
 class NativeChat(ChatFormat):
     """Our markup (`render_prompt`): the effort is a token of the assistant header."""
+
+    forced_close = THINK_CLOSE  # the models trained here answer right after it; a worded cue would be new to them
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
@@ -236,6 +241,9 @@ EFFORT_SYSTEM_LINE = (
     "Reasoning effort: {effort}. Think inside <think></think> in at most {budget} tokens, "
     "then write only the answer after </think>."
 )
+# Budget forcing for a model without effort tokens: a cue before the tag, as Qwen3 does, because a model never
+# taught to think does not know that the answer comes next; one short sentence, to stay little of the turn.
+FORCED_CLOSE_CUE = "\n\nTime is up, so I write only the final answer now.\n" + THINK_CLOSE + "\n\n"
 ASSISTANT_SENTINEL, OBSERVATION_SENTINEL = "ASSISTANT-TURN-0c5e", "OBSERVATION-TURN-9a1d"
 
 
@@ -243,6 +251,8 @@ class TemplateChat(ChatFormat):
     """Any model's own chat template (`tokenizer.apply_chat_template`). The effort is a system line
     (`EFFORT_SYSTEM_LINE`, before the task's own system prompt); the turn ends with the tokenizer's
     EOS token (`<|im_end|>`, `<|eot_id|>` …); an observation is a `tool` message."""
+
+    forced_close = FORCED_CLOSE_CUE
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         if not tokenizer.chat_template:

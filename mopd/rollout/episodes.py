@@ -4,7 +4,8 @@ A task is rendered in the model's chat format (`mopd.envs.chat.chat_format`: our
 models the pipeline grows, the model's own chat template for any other), the engine samples token ids, the domain's
 verifier judges the decoded answer, and the effort protocol shapes the reward. Multi-turn
 (agent) tasks alternate engine turns with environment observations; observation tokens are
-appended to the context with loss mask 0 and log-prob 0, so no loss ever learns from them.
+appended to the context with loss mask 0 and log-prob 0, so no loss ever learns from them; so are the tokens budget
+forcing appends to a turn whose thinking hit its budget unclosed (`mopd.rollout.forcing`, an effort's `on_budget`).
 Token ids travel untouched: what the trainer sees is exactly what the engine sampled.
 An environment with `step_many` / `verify_many` gets each turn's episodes as one batch (the code
 sandbox runs them in parallel); others are stepped and verified one by one.
@@ -19,6 +20,7 @@ from typing import Any
 from mopd.envs.base import Task, Verdict, split_thinking
 from mopd.envs.chat import ChatFormat, chat_format
 from mopd.envs.effort import EffortSpec, shape_reward
+from mopd.rollout.forcing import sample_turns
 from mopd.rollout.interface import RolloutEngine, Sampling
 
 
@@ -29,9 +31,11 @@ class Rollout:
     token_ids: list[int] = field(default_factory=list)  # everything after the prompt
     logprobs: list[float] = field(default_factory=list)  # rollout log-probs; 0 on observation tokens
     loss_mask: list[int] = field(default_factory=list)  # 1 on tokens the policy generated
+    forced: list[int] = field(default_factory=list)  # 1 on tokens budget forcing appended (loss mask 0, log-prob 0)
     policy_version: int = -1
     turns: list[dict[str, str]] = field(default_factory=list)  # assistant / observation texts
-    turn_ids: list[list[int]] = field(default_factory=list)  # each assistant turn's sampled ids
+    turn_ids: list[list[int]] = field(default_factory=list)  # each assistant turn's ids (forced ones too)
+    turn_forced: list[bool] = field(default_factory=list)  # each assistant turn: closed by budget forcing
     verdict: Verdict | None = None
     reward: float = 0.0  # shaped by the effort protocol
     thinking_tokens: int = 0  # the longest turn's thinking (the budget holds per turn)
@@ -75,8 +79,8 @@ def run_rollouts(
             stop_token_ids=chat.stop_ids,
             seed=None if seed is None else seed + turn * 1_000_003,  # the engine adds the request index
         )
-        samples = engine.generate([r.prompt_ids + r.token_ids for r in active], n=1, sampling=sampling)
-        for rollout, (sample,) in zip(active, samples, strict=True):
+        contexts, specs = [r.prompt_ids + r.token_ids for r in active], [efforts[r.task.effort] for r in active]
+        for rollout, sample in zip(active, sample_turns(engine, contexts, specs, chat, sampling), strict=True):
             append_assistant_turn(rollout, sample, chat)
         active = observe([r for r in active if id(r) in states], envs, states, chat, room)
         if not active:
@@ -93,9 +97,12 @@ def is_multi_turn(env: Any) -> bool:
 
 
 def append_assistant_turn(rollout: Rollout, sample: Any, chat: ChatFormat) -> None:
+    forced = sample.forced or [0] * len(sample.token_ids)
     rollout.token_ids += sample.token_ids
     rollout.logprobs += sample.logprobs
-    rollout.loss_mask += [1] * len(sample.token_ids)
+    rollout.loss_mask += [1 - f for f in forced]
+    rollout.forced += forced
+    rollout.turn_forced.append(any(forced))
     rollout.policy_version = sample.policy_version
     rollout.truncated |= sample.finish_reason == "length"
     text = chat.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
@@ -163,6 +170,7 @@ def append_observation(rollout: Rollout, observation: str, ids: list[int], role:
     rollout.token_ids += ids
     rollout.logprobs += [0.0] * len(ids)
     rollout.loss_mask += [0] * len(ids)
+    rollout.forced += [0] * len(ids)
     rollout.turns.append({"role": role, "content": observation})
 
 
@@ -170,7 +178,9 @@ def judge(rollout: Rollout, verdict: Verdict, spec: EffortSpec, chat: ChatFormat
     rollout.verdict = verdict
     rollout.closed_think = all(split_thinking(t["content"]) is not None for t in rollout.turns if t["role"] == "assistant")
     counts = [chat.count_tokens(ids) for ids in rollout.turn_ids]
-    rollout.thinking_tokens = max(thinking for thinking, _ in counts)
+    # the engine cut a forced turn's thinking at the budget; what it counts past it is the forced cue's or retokenizing's
+    thinking = [min(t, spec.budget_tokens) if forced else t for (t, _), forced in zip(counts, rollout.turn_forced, strict=True)]
+    rollout.thinking_tokens = max(thinking)
     rollout.answer_tokens = sum(answer for _, answer in counts)
     rollout.over_budget = rollout.thinking_tokens > spec.budget_tokens
     rollout.reward = shape_reward(rollout.verdict, rollout.thinking_tokens if rollout.closed_think else None, spec)

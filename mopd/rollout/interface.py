@@ -54,6 +54,7 @@ class Sample:
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
     policy_version: int
     extra: dict = field(default_factory=dict)
+    forced: list[int] = field(default_factory=list)  # 1 on tokens appended by budget forcing, not sampled; [] = none
 
 
 class RolloutEngine(Protocol):
