@@ -33,6 +33,7 @@ TABLES: list[tuple[str, tuple[str, ...], str]] = [
     ("Thinking tokens (mean / p90)", ("thinking_tokens_mean", "thinking_tokens_p90"), "{:.0f}"),
     ("Answer tokens (mean / p90)", ("answer_tokens_mean", "answer_tokens_p90"), "{:.0f}"),
     ("Over-budget rate (thinking > budget)", ("over_budget_rate",), "{:.2f}"),
+    ("Forced share (turns whose thinking the engine closed at the budget: budget forcing)", ("forced_rate",), "{:.2f}"),
     ("Latency per request, s (mean / p90)", ("latency_s_mean", "latency_s_p90"), "{:.1f}"),
     ("Throughput, generated tokens/s", ("tokens_per_s",), "{:.0f}"),
 ]
@@ -104,6 +105,8 @@ def markdown(report: dict[str, Any]) -> str:
     for title, keys, number in TABLES:
         if keys == ("pass_at_k",) and suite["samples"] == 1:
             continue  # pass@1 is the accuracy
+        if keys == ("forced_rate",) and not forces(report):
+            continue
         lines += ["", f"## {title}{label}", "", *table(report, names, teachers, keys, number)]
     base = next((m["name"] for m in report["models"] if m["role"] == "base"), None)
     student = next((m["name"] for m in report["models"] if m["role"] == "student"), None)
@@ -120,6 +123,11 @@ def markdown(report: dict[str, Any]) -> str:
     for file in report.get("plots", []):
         lines += ["", f"![{PLOTS.get(file, file)}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def forces(report: dict[str, Any]) -> bool:
+    """Whether an effort of the report closes unclosed thinking at its budget (`on_budget: force`)."""
+    return any(spec.get("on_budget") == "force" for spec in report["efforts"].values())
 
 
 def machine_text(machine: dict[str, Any]) -> str:

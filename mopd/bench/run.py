@@ -505,7 +505,8 @@ def run_on_workers(
 def cell_line(model: str, cell: str, metrics: dict) -> str:
     return (
         f"{model} {cell}: accuracy {metrics['accuracy']:.2f} (raw {metrics['raw_accuracy']:.2f}), thinking {metrics['thinking_tokens_mean']:.0f} tokens, "
-        f"{metrics['seconds']:.1f} s"
+        + (f"{metrics['forced_rate']:.2f} of turns forced, " if metrics.get("forced_rate", 0) > 0 else "")
+        + f"{metrics['seconds']:.1f} s"
     )
 
 
@@ -562,6 +563,7 @@ def cell_metrics(
         "answer_tokens_p90": p90(r.answer_tokens for r in rollouts),
         "generated_tokens_mean": generated / len(rollouts),
         "over_budget_rate": mean(r.over_budget for r in rollouts),
+        "forced_rate": forced_rate(rollouts),
         "latency_s_mean": mean(latencies),
         "latency_s_p90": p90(latencies),
         "seconds": wall,
@@ -582,6 +584,11 @@ def answers(groups: list[list[Rollout]]) -> list[dict]:
 def task_family(task: Task) -> str:
     """A task's family: the generators' `meta["family"]`, BFCL's category, else its domain (HumanEval, GSM)."""
     return task.meta.get("family") or task.meta.get("category") or task.domain
+
+
+def forced_rate(rollouts: list[Rollout]) -> float:
+    """The share of assistant turns that budget forcing closed."""
+    return mean(forced for r in rollouts for forced in r.turn_forced)
 
 
 def within_budget(rollout: Rollout) -> float:

@@ -7,6 +7,7 @@
     samples: 1             # samples per task: accuracy is mean@k, pass@k over these k
     temperature: 0.0
     batch_tasks: null      # tasks per engine call (null: a cell at once); a request's latency is its call's
+    on_budget: null        # force | fail for every effort (budget forcing); null = the efforts' own
     efforts: [low, high, max]
     domains:
       general: {families: [add, mul], options: {add_digits: [1, 3]}}
@@ -104,6 +105,10 @@ class Suite(BaseModel):
     answer_tokens: int | None = Field(
         None, gt=0, description="tokens allowed after the thinking, for every effort; null = the efforts' own"
     )
+    on_budget: Literal["force", "fail"] | None = Field(
+        None, description="a turn whose thinking reaches its budget unclosed, for every effort: force = the engine "
+        "closes it (budget forcing), fail = over budget; null = the efforts' own"
+    )
     samples: int = Field(1, gt=0, description="samples per task (k of mean@k and pass@k)")
     temperature: float = Field(0.0, ge=0)
     batch_tasks: int | None = Field(
@@ -178,10 +183,10 @@ class Suite(BaseModel):
         return distinct_draw(lambda count, seed: env.sample(count, seed, self.split, effort), self.seeds, self.n)
 
     def budgets(self, efforts: dict[str, EffortSpec]) -> dict[str, EffortSpec]:
-        """The efforts' specs, with the suite's `answer_tokens` where it sets one."""
-        if self.answer_tokens is None:
-            return dict(efforts)
-        return {name: spec.model_copy(update={"answer_tokens": self.answer_tokens}) for name, spec in efforts.items()}
+        """The efforts' specs, with the suite's `answer_tokens` and `on_budget` where it sets them."""
+        update = {"answer_tokens": self.answer_tokens, "on_budget": self.on_budget}
+        update = {field: value for field, value in update.items() if value is not None}
+        return {name: spec.model_copy(update=update) for name, spec in efforts.items()}
 
 
 def known_domains(split: str) -> tuple[str, ...]:
