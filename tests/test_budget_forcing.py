@@ -182,3 +182,14 @@ def fake_report(groups, efforts) -> dict:
         "backend": "hf", "efforts": {e: s.model_dump() for e, s in efforts.items()},
         "models": [{"name": "m", "role": "base", "path": "m"}], "results": [row],
     }  # fmt: skip
+
+
+def test_pair_modes_on_budget_reaches_every_effort(tmp_path, monkeypatch):
+    import mopd.distill.pair
+
+    calls = []
+    monkeypatch.setattr(mopd.distill.pair, "distill_pair", lambda *args, **kwargs: calls.append(kwargs) or tmp_path)
+    argv = ["distill", "--teacher", "t", "--student", "s", "--out", str(tmp_path), "--domain", "general", "--effort", "low"]
+    assert mopd.distill.pair.main([*argv, "--on-budget", "force", "--eval-tasks", "0"]) == 0
+    assert mopd.distill.pair.main([*argv, "--eval-tasks", "0"]) == 0
+    assert [{spec.on_budget for spec in call["efforts"].values()} for call in calls] == [{"force"}, {"fail"}]

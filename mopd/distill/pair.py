@@ -214,6 +214,9 @@ def add_distill_parser(subparsers) -> None:
     parser.add_argument("--eval-split", choices=EVAL_SPLITS, default="dev",
                         help="the split the held-out tasks come from (default %(default)s, for choosing settings; "
                              "test only for the number you report)")  # fmt: skip
+    parser.add_argument("--on-budget", choices=["force", "fail"], default="fail",
+                        help="a turn whose thinking reaches its budget unclosed: force = the engine closes it (budget "
+                             "forcing, for a model never taught to think), fail = over budget (default %(default)s)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt draws, the sampling and the held-out draw (default %(default)s)")
     parser.add_argument("--backend", choices=["vllm", "hf"], help="rollout engine (default: vllm when installed)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned before any engine starts (default %(default)s, as a stage's worker on one CPU)")
@@ -242,6 +245,7 @@ def cmd_distill(args) -> int:
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
             full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks, precision=args.precision,
             scoring=args.scoring, packing=args.packing,
+            efforts={e: spec.model_copy(update={"on_budget": args.on_budget}) for e, spec in default_effort_specs().items()},
         )  # fmt: skip
     except (PairError, RoutingError, TaskFileError, RecipeError, SandboxUnavailable) as err:
         print(f"mopd distill: error: {err}", file=sys.stderr)
