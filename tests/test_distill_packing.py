@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mopd.distill.packing import PackingError, packed_row
+from mopd.distill.packing import PackingError, packed_rows
 from mopd.distill.scorer import TeacherScorer, packed_batches
 from mopd.distill.student import Student, collate, packed_collate, token_micro_batches
 from mopd.envs.base import Task
@@ -47,11 +47,11 @@ def spec(**fields):
     return DistillSpec(mix=dict.fromkeys(CELLS, 1.0), teacher_actors=False, learning_rate=1e-3, **fields)
 
 
-def test_a_packed_row_restarts_positions_at_each_sequence():
-    input_ids, position_ids, starts = packed_row([[5, 6, 7], [8], [9, 10]])
-    assert input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
-    assert position_ids.tolist() == [[0, 1, 2, 0, 0, 1]]
-    assert starts == [0, 3, 4]
+def test_packed_rows_fill_the_longest_width_longest_first_restarting_positions():
+    input_ids, position_ids, starts = packed_rows([[5, 6], [7, 8, 9, 10], [11], [12, 13, 14]], pad_id=0)
+    assert input_ids.tolist() == [[7, 8, 9, 10], [12, 13, 14, 11], [5, 6, 0, 0]]
+    assert position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]  # the padding is a segment of its own
+    assert starts == [8, 0, 7, 4]  # in the flattened rows
 
 
 def test_micro_batches_of_packed_rows_are_cut_by_real_tokens(rollouts):
@@ -65,7 +65,7 @@ def test_the_packed_batch_gives_the_padded_logits_on_every_completion_token(mode
     student = Student.load(models["student"], spec(packing=True), reference_dir=models["student"])
     scores = TeacherScorer(models["teacher"]).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts])
     padded, packed = collate(rollouts, scores, pad_id=0), packed_collate(rollouts, scores)
-    assert packed.input_ids.shape == (1, sum(p + c for p, c in LENGTHS))  # not one padding token
+    assert packed.input_ids.shape == (3, 70) and padded.input_ids.shape == (6, 70)  # 9+12+14, 27+35, 70
     with torch.no_grad():
         logits = [Student.completion_logits(student.model, batch) for batch in (padded, packed)]
     torch.testing.assert_close(logits[1] * padded.mask[..., None], logits[0] * padded.mask[..., None], atol=1e-5, rtol=1e-5)

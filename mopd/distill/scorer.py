@@ -10,9 +10,9 @@ Memory is linear in tokens: the LM head runs only at completion positions, a bou
 positions at a time, so no [B, T, V] tensor exists. Only `full` keeps [T, V] per sequence, and it
 warns when that exceeds 1 GiB in a call.
 
-With `packing` (`distill.packing`) each batch is one packed row, sequences back to back with position
-ids restarting at each (`mopd.distill.packing`): no padding is computed; a teacher that cannot keep
-packed sequences apart (the K3 hybrid) is refused at load.
+With `packing` (`distill.packing`) short sequences share rows as wide as a batch's longest, back to back
+with position ids restarting at each (`mopd.distill.packing`), instead of padding; a teacher that cannot
+keep packed sequences apart (the K3 hybrid) is refused at load.
 
 `VllmTeacherScorer` (`distill.scoring: vllm`) scores by a prefill in a vLLM engine instead
 (`prompt_logprobs`, the engine's own batching): the sampled token's log-prob and optionally a top-k,
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from mopd.distill.packing import check_packing, packed_row
+from mopd.distill.packing import check_packing, packed_rows
 from mopd.distill.routing import RouteTable
 from mopd.precision import autocast
 
@@ -67,7 +67,7 @@ class TeacherScorer:
         self.max_batch_tokens = max_batch_tokens
         self.logits_chunk_bytes = logits_chunk_bytes
         self.precision = precision  # bf16: the body and head run under autocast; the log-softmax is fp32
-        self.packing = packing  # each batch is one packed row (`mopd.distill.packing`), `max_batch_tokens` real tokens
+        self.packing = packing  # batches of packed rows (`mopd.distill.packing`), `max_batch_tokens` real tokens each
         self.model = None
         self.resident = False
         self.tokens_scored = 0
@@ -141,10 +141,11 @@ class TeacherScorer:
 
     def hidden_states(self, sequences: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """([positions, hidden] of the batch's rows one after the other, the position each sequence starts at).
-        Padded rows: right padding is invisible to a causal model. Packed: one row, no padding."""
+        Padded rows: right padding is invisible to a causal model. Packed: the position ids separate the sequences."""
         if self.packing:
-            input_ids, position_ids, starts = packed_row(sequences, self.device)
-            return self.body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0], starts
+            input_ids, position_ids, starts = packed_rows(sequences, self.pad_id, device=self.device)
+            hidden = self.body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+            return hidden.flatten(0, 1), starts
         width = max(len(s) for s in sequences)
         batch = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in sequences], device=self.device)
         hidden = self.body(input_ids=batch, use_cache=False).last_hidden_state

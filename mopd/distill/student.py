@@ -5,7 +5,7 @@
     Student.train_step(rollouts, ...)  one optimizer step on the teachers' per-token scores
     scheduled_learning_rate            the step's learning rate (`lr_schedule`)
     collate / length_sorted_micro_batches   rollouts → padded tensors, cut by length
-    packed_collate / token_micro_batches    `packing`: rollouts → one packed row, cut by real tokens
+    packed_collate / token_micro_batches    `packing`: rollouts → packed rows, cut by real tokens
     token_weights                      each rollout's per-token weight in the step's loss (`balance_tokens`)
 
 `mopd.distill.trainer` drives it step by step; `mopd.distill.sharded` runs the same step under FSDP2.
@@ -30,7 +30,7 @@ from mopd.distill.loss import (
     mopd_loss,
     token_metrics,
 )
-from mopd.distill.packing import check_packing, packed_row
+from mopd.distill.packing import check_packing, packed_rows
 from mopd.distill.scorer import TeacherScores
 from mopd.precision import autocast
 from mopd.recipe import DistillSpec
@@ -39,14 +39,14 @@ from mopd.rollout.episodes import Rollout
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded; packed: [1, N] every rollout back to back
+    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded; packed: [R, L] rollouts back to back
     attention_mask: torch.Tensor | None  # [B, L]; packed: None (the position ids mark the boundaries)
-    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t (packed: in the one row)
+    positions: torch.Tensor  # [B, T] index of the logits that predict completion token t (packed: in the flattened rows)
     tokens: torch.Tensor  # [B, T] completion tokens
     mask: torch.Tensor  # [B, T] 1 on tokens the student generated
     rollout_logprobs: torch.Tensor  # [B, T]
     teacher_logprobs: torch.Tensor  # [B, T]
-    position_ids: torch.Tensor | None = None  # packed: [1, N], restarting at 0 on each rollout
+    position_ids: torch.Tensor | None = None  # packed: [R, L], restarting at 0 on each rollout
 
     def to(self, device) -> Batch:
         return Batch(**{name: None if tensor is None else tensor.to(device) for name, tensor in vars(self).items()})
@@ -110,7 +110,7 @@ class Student:
         Every token carries its weight in the step's loss (`token_weights`), so the summed gradients
         of the micro-batches equal those of the whole batch at once (padding every rollout to the
         longest would cost the most compute where rollouts differ most: a sum next to an agent episode).
-        With `packing` each micro-batch is one packed row: no padding at all.
+        With `packing` short rollouts share rows (`mopd.distill.packing`) instead of padding to the longest.
         """
         spec = self.spec
         pad_id = self.model.config.pad_token_id or 0
@@ -166,8 +166,9 @@ class Student:
     @staticmethod
     def completion_logits(model, batch: Batch) -> torch.Tensor:
         """[B, T, V] logits at the positions that predict each rollout's completion tokens."""
-        if batch.position_ids is not None:  # packed: one row, the rollouts' positions index into it
-            return model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits[0, batch.positions]
+        if batch.position_ids is not None:  # packed: the rollouts' positions index the flattened rows
+            logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
+            return logits.flatten(0, 1)[batch.positions]
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
 
@@ -185,7 +186,7 @@ def micro_batches(rollouts: list[Rollout], max_tokens: int | None, packing: bool
 
 
 def micro_batch(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int, packing: bool) -> Batch:
-    return packed_collate(rollouts, scores) if packing else collate(rollouts, scores, pad_id)
+    return packed_collate(rollouts, scores, pad_id) if packing else collate(rollouts, scores, pad_id)
 
 
 def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -> Batch:
@@ -202,9 +203,9 @@ def collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int) -
     return Batch(input_ids=input_ids, attention_mask=attention_mask, positions=positions, **completion_tensors(rollouts, scores, steps))
 
 
-def packed_collate(rollouts: list[Rollout], scores: list[TeacherScores]) -> Batch:
-    """The rollouts back to back in one row (`mopd.distill.packing`); the completion tensors as `collate`'s."""
-    input_ids, position_ids, starts = packed_row([r.prompt_ids + r.token_ids for r in rollouts])
+def packed_collate(rollouts: list[Rollout], scores: list[TeacherScores], pad_id: int = 0) -> Batch:
+    """The rollouts back to back in rows (`mopd.distill.packing`); the completion tensors as `collate`'s."""
+    input_ids, position_ids, starts = packed_rows([r.prompt_ids + r.token_ids for r in rollouts], pad_id)
     steps = max(len(r.token_ids) for r in rollouts)
     positions = torch.stack([
         (start + len(r.prompt_ids) - 1 + torch.arange(steps)).clamp(max=start + len(r.prompt_ids) + len(r.token_ids) - 1)
