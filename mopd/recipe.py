@@ -197,8 +197,9 @@ class DistillSpec(Strict):
         None, gt=0, description="padded tokens per train micro-batch, rollouts sorted by length; null: one batch"
     )
     packing: bool = Field(
-        False, description="the student's forward/backward and HF teacher scoring run on packed rows (sequences "
-        "concatenated with restarting position ids, no padding; `micro_batch_tokens` then counts real tokens); needs models "
+        False, description="the student's forward/backward and HF teacher scoring run on packed rows (short sequences back to "
+        "back with restarting position ids in rows as wide as the longest, instead of padding; `micro_batch_tokens` then "
+        "counts real tokens); needs models "
         "whose attention honours packed position ids (transformers' llama and the like: checked at load), not the K3 hybrid"
     )
     scoring: Literal["hf", "vllm"] = Field(

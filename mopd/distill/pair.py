@@ -205,7 +205,7 @@ def add_distill_parser(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--packing", action=argparse.BooleanOptionalAction, default=schema.packing,
-        help="train the student and score with HF on packed rows (no padding); needs models that honour packed position "
+        help="train the student and score with HF on packed rows (short sequences share a row instead of padding); needs models that honour packed position "
              f"ids (llama-style transformers models, not the K3 hybrid; checked at load); {schema_default()}",
     )  # fmt: skip
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
