@@ -1,0 +1,168 @@
+"""Issue #58 items 1 and 3, each alone: teacher scoring in vLLM, and packed (unpadded) rows, against today's path.
+
+    python -m benchmarks.distill_items --student models/smollm2-135m-student --teacher models/smollm2-135m \\
+        --cells general-low,general-high --prompts 8 --repeats 3 --out runs/bench/distill_items_smollm2.json
+
+One batch of rollouts is sampled once from the student (vLLM, the cells' train prompts, as many from each,
+temperature 1; cells of different efforts give a mix of lengths, as MOPD's mix of cells does), then
+timed on the same token ids, side by side in this process, the two sides alternating:
+  scoring   the teacher's sampled-token scores: HF `TeacherScorer` (padded batches, the default) against
+            `VllmTeacherScorer` (a vLLM prefill, `distill.scoring: vllm`); both fp32, the largest gap recorded
+  packing   the student's `train_step` (sampled-token loss) padded against packed (`distill.packing`), on two
+            students loaded alike, and the HF teacher's scoring padded against packed; a model that cannot
+            pack (the K3 hybrid) is recorded with the reason
+Each side is warmed up once; the medians of `--repeats` timings and their ratio (today's ÷ the item's) are
+written with the machine's description. Every thread of the process is confined to `--threads` CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from mopd.artifacts import write_json_atomic
+from mopd.distill.packing import PackingError
+from mopd.distill.routing import cell_of
+from mopd.distill.scorer import TeacherScorer, VllmTeacherScorer
+from mopd.distill.student import Student
+from mopd.envs import get_env
+from mopd.envs.effort import default_effort_specs
+from mopd.machine import describe_machine
+from mopd.recipe import DistillSpec
+from mopd.rollout.engine import create_engine
+from mopd.rollout.episodes import Rollout, run_rollouts
+
+SET_NUM_THREADS = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op when its engine starts
+
+
+def pin(cpus: list[int], threads: int) -> None:
+    """Every thread of this process (and those it starts later) on `cpus`; `threads` torch threads."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cpus)
+    SET_NUM_THREADS(threads)
+
+
+def sample_rollouts(student: Path, cells: list[str], prompts: int, seed: int, max_model_len: int) -> list[Rollout]:
+    from transformers import AutoTokenizer
+
+    envs = {domain: get_env(domain) for domain in {cell.split("-")[0] for cell in cells}}
+    tasks = []
+    for cell in cells:
+        domain, effort = cell.split("-")
+        tasks += envs[domain].sample(prompts // len(cells), seed, "train", effort)
+    engine = create_engine(student, backend="vllm", max_model_len=max_model_len)
+    try:
+        groups = run_rollouts(engine, AutoTokenizer.from_pretrained(student), envs, tasks, default_effort_specs(), n=1, seed=seed)
+    finally:
+        engine.close()
+    return [r for group in groups for r in group]
+
+
+def alternate(sides: dict[str, callable], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each side's call, warmed up once, then `repeats` rounds of every side in turn."""
+    for call in sides.values():
+        call()
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def summary(seconds: dict[str, list[float]], before: str, after: str, tokens: int) -> dict:
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    return {
+        "seconds": seconds,
+        "median_seconds": medians,
+        "tokens_per_s": {name: tokens / median for name, median in medians.items()},
+        "ratio": medians[before] / medians[after],
+    }
+
+
+def bench_scoring(teacher: Path, rollouts: list[Rollout], repeats: int, max_model_len: int) -> dict:
+    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+    hf, vllm = TeacherScorer(teacher), VllmTeacherScorer(teacher, max_model_len=max_model_len)
+    try:
+        gap = max(
+            (a.logprobs - b.logprobs).abs().max().item()
+            for a, b in zip(hf.score(prompts, completions), vllm.score(prompts, completions), strict=True)
+        )
+        seconds = alternate({"hf": lambda: hf.score(prompts, completions), "vllm": lambda: vllm.score(prompts, completions)}, repeats)
+    finally:
+        vllm.offload()
+    return {**summary(seconds, "hf", "vllm", sum(map(len, completions))), "max_abs_logprob_gap": gap}
+
+
+def bench_packing(student: Path, teacher: Path, rollouts: list[Rollout], repeats: int) -> dict:
+    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+    tokens = sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    out = {"tokens": tokens, "padded_tokens": len(rollouts) * max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))}
+    padded_teacher = TeacherScorer(teacher)
+    scores = padded_teacher.score(prompts, completions)
+    try:
+        packed_teacher = TeacherScorer(teacher, packing=True)
+        sides = {"padded": lambda: padded_teacher.score(prompts, completions), "packed": lambda: packed_teacher.score(prompts, completions)}
+        out["teacher_scoring"] = summary(alternate(sides, repeats), "padded", "packed", tokens)
+    except PackingError as err:
+        out["teacher_scoring"] = {"not_supported": str(err)}
+    cells = [cell_of(r.task) for r in rollouts]
+    spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), full_vocab_kl=False, importance={"mode": "none"}, teacher_actors=False)
+    try:
+        packed = Student.load(student, spec.model_copy(update={"packing": True}), reference_dir=student)
+    except PackingError as err:
+        out["train_step"] = {"not_supported": str(err)}
+        return out
+    padded = Student.load(student, spec, reference_dir=student)
+    steps = {"padded": lambda: padded.train_step(rollouts, scores, cells), "packed": lambda: packed.train_step(rollouts, scores, cells)}
+    out["train_step"] = summary(alternate(steps, repeats), "padded", "packed", tokens)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--student", type=Path, required=True)
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--cells", default="general-low,general-high", help="comma-separated cells the prompts come from")
+    parser.add_argument("--prompts", type=int, default=8, help="rollouts in the timed batch (one sample per prompt)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per side, after one warm-up")
+    parser.add_argument("--items", default="scoring,packing", help="comma-separated: scoring, packing")
+    parser.add_argument("--threads", type=int, default=1, help="CPUs (and torch threads) the whole process may use")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))[: args.threads]
+    pin(cpus, args.threads)
+
+    rollouts = sample_rollouts(args.student, args.cells.split(","), args.prompts, args.seed, args.max_model_len)
+    pin(cpus, args.threads)  # the sampling engine's threads too
+    lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
+    result = {
+        "benchmark": "distill items (issue #58): vLLM teacher scoring, packing",
+        "machine": describe_machine(),
+        "setup": {**{k: str(v) for k, v in vars(args).items()}, "cpus": cpus, "sequence_lengths": lengths,
+                  "completion_tokens": sum(len(r.token_ids) for r in rollouts), "dtype": "float32"},
+    }  # fmt: skip
+    items = args.items.split(",")
+    if "scoring" in items:
+        result["scoring"] = bench_scoring(args.teacher, rollouts, args.repeats, args.max_model_len)
+        pin(cpus, args.threads)
+    if "packing" in items:
+        result["packing"] = bench_packing(args.student, args.teacher, rollouts, args.repeats)
+    result["torch_threads_at_end"] = torch.get_num_threads()
+    write_json_atomic(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
