@@ -43,7 +43,7 @@ def build_llama(out: Path, tokenizer, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
