@@ -101,10 +101,12 @@ def render_turns(
             if segments[-1].train:
                 segments.append(Segment(assistant_header(effort), train=False))
             segments.append(Segment(content + END, train=True))
-        elif role in OBSERVATION_ROLES:
+        elif role in OBSERVATION_ROLES and segments[-1].train:  # what answers the model's turn
             segments.append(Segment(f"{ROLE_HEADERS[role]}{content}{END}{assistant_header(effort)}", train=False))
         else:
-            raise ValueError(f"turn {index}: role must be 'assistant' or one of {list(OBSERVATION_ROLES)}, got {role!r}")
+            raise ValueError(
+                f"turn {index}: role must be 'assistant', or after an assistant turn one of {list(OBSERVATION_ROLES)}, got {role!r}"
+            )
     return segments
 
 
