@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     shares = {"train": args.train_share, "decode": args.sample_share}
     step = 1 + sum(shares[p] * (ratios[p] - 1) for p in shares)
     result = {
+        "command": "python -m benchmarks.qat_overhead " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": str(args.model), "mx": mx, "lengths": args.lengths, "repeats": args.repeats,
         "decode_steps": args.decode_steps, "median_s": medians, "qat_over_full": ratios,
         "phase_shares": shares, "step_qat_over_full": step, "machine": describe_machine(),

@@ -117,7 +117,7 @@ def models_of(report: dict) -> dict[str, dict]:
 def compare_students(m: dict[str, Matrix]) -> dict:
     """Accuracy of each student, and the paired comparisons the QAT claims rest on."""
     full, ptq, qat = m["full"], m["ptq"], m["qat"]
-    ptq_loss = two_way(subtract(full, ptq))
+    ptq_loss = two_way(subtract(full, ptq))  # full − ptq: what quantizing after training costs
     # QAT recovers at least half of PTQ's loss when qat − ptq − ½(full − ptq) = qat − ½·full − ½·ptq > 0
     half_recovered = two_way(subtract(subtract(qat, scaled(full, 0.5)), scaled(ptq, 0.5)))
     return {
@@ -127,7 +127,8 @@ def compare_students(m: dict[str, Matrix]) -> dict:
         "qat_minus_ptq": asdict(two_way(subtract(qat, ptq))),
         "qat_over_full": asdict(ratio(qat, full)),
         "qat_minus_half_recovery": asdict(half_recovered),
-        "recovered_share": (two_way(subtract(qat, ptq)).mean / ptq_loss.mean) if ptq_loss.mean > 0 else None,
+        # a share of a loss that is not there is noise over noise: only where PTQ's loss is beyond noise
+        "recovered_share": (two_way(subtract(qat, ptq)).mean / ptq_loss.mean) if ptq_loss.low > 0 else None,
     }
 
 
@@ -166,8 +167,8 @@ def render(summary: dict) -> str:
     share = pooled["recovered_share"]
     lines += [
         "",
-        f"PTQ's pooled loss: {cell(pooled['ptq_minus_full'], '{:+.3f}')}. Share of it QAT recovers: "
-        + ("— (PTQ lost nothing to recover)" if share is None else f"{share:.2f}")
+        f"PTQ's pooled change: {cell(pooled['ptq_minus_full'], '{:+.3f}')}. Share of its loss QAT recovers: "
+        + ("none to take (PTQ's loss is within noise)" if share is None else f"{share:.2f}")
         + f"; qat − ½·full − ½·ptq (> 0: at least half recovered): {cell(pooled['qat_minus_half_recovery'], '{:+.3f}')}.",
         "",
         "| student | routed-expert bytes | ÷ bf16 |",
