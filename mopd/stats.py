@@ -238,3 +238,13 @@ def wilson(successes: float, n: int, level: float = 0.95) -> Interval:
     low = 0.0 if successes == 0 else centre - half
     high = 1.0 if successes == n else centre + half
     return Interval(p, low, high, math.sqrt(p * (1 - p) / n), math.inf)
+
+
+def accuracy_interval(rewards: list[float], keys: list[str] | None, samples: int, external: bool) -> Interval:
+    """Accuracy over some tasks with its 95% interval: for an external suite's 0/1 answers, one sample
+    a problem and each problem once, the Wilson interval of the proportion; otherwise `accuracy` of the
+    1 × contents matrix (`clustered` by `keys`: a t interval over contents, cut to [0, 1])."""
+    once = keys is not None and len(set(keys)) == len(keys)
+    if external and samples == 1 and once and set(rewards) <= {0.0, 1.0}:
+        return wilson(sum(rewards), len(rewards))
+    return accuracy(clustered([rewards], keys))

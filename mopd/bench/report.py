@@ -23,7 +23,7 @@ from mopd.bench.audit import audit_text
 from mopd.bench.plots import write_plots
 from mopd.bench.scaffolds import scaffold_table
 from mopd.envs.base import EFFORTS
-from mopd.stats import Interval, accuracy, clustered, grand_mean, subtract, two_way, wilson
+from mopd.stats import Interval, accuracy_interval, clustered, grand_mean, subtract, two_way
 
 # (title, metric keys shown as "a / b", number format)
 TABLES: list[tuple[str, tuple[str, ...], str]] = [
@@ -326,16 +326,6 @@ def compute_row(name: str, compute: dict[str, Any], student_flops: float | None)
 
 
 # ----------------------------------------------------------------------------- intervals
-def accuracy_interval(rewards: list[float], keys: list[str] | None, samples: int, external: bool) -> Interval:
-    """Accuracy over some tasks with its 95% interval: for an external suite's 0/1 answers, one sample
-    a problem and each problem once, the Wilson interval of the proportion; otherwise `accuracy` of the
-    1 × contents matrix (`clustered` by `keys`: a t interval over contents, cut to [0, 1])."""
-    once = keys is not None and len(set(keys)) == len(keys)
-    if external and samples == 1 and once and set(rewards) <= {0.0, 1.0}:
-        return wilson(sum(rewards), len(rewards))
-    return accuracy(clustered([rewards], keys))
-
-
 def difference(ours: dict[str, Any], theirs: dict[str, Any]) -> Interval | None:
     """ours − theirs in accuracy with its 95% interval, paired task by task (`two_way` of the difference
     of the 1 × contents matrices); None unless both rows hold per-task scores of the same tasks."""

@@ -12,7 +12,7 @@ training records of the model's lineage; a dev or test suite with any overlap st
 verifier accepts it and its thinking fits the effort's budget (`accuracy`, `pass_at_k`);
 `raw_accuracy` (the verdict alone) and the over-budget rate stand beside it. Each row keeps its per-task scores
 (`task_rewards`), content keys (`task_keys`) and families (`task_families`), in the cell's task order, and its
-`accuracy_interval` (`mopd.bench.report.accuracy_interval`). Models that differ only in weights
+`accuracy_interval` (`mopd.stats.accuracy_interval`). Models that differ only in weights
 share one engine: the next one's weights are swapped in (`update_weights`), no restart.
 A cell's tasks go to the engine together (or in batches of the suite's `batch_tasks`): a
 request's latency is the wall time of the call that served it, throughput the generated
@@ -139,7 +139,8 @@ def run_bench(
     finally:
         for env in envs.values():
             close(env)
-    from mopd.bench.report import accuracy_interval, write_report  # matplotlib: not in the engine workers
+    from mopd.bench.report import write_report  # matplotlib: not in the engine workers
+    from mopd.stats import accuracy_interval
 
     keys = {cell.name: task_keys(cell.tasks) for cell in cells}
     scaffolds = {cell.name: task_scaffolds(cell.tasks) for cell in cells}

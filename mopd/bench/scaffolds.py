@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mopd.bench.audit import audit_cell
-from mopd.envs.agent.scaffolds import scaffold_key
+from mopd.envs.agent.harness import scaffold_key
 from mopd.envs.base import EFFORTS, Task
+from mopd.stats import accuracy_interval
 
 
 def task_scaffolds(tasks: list[Task]) -> list[str] | None:
@@ -44,7 +45,6 @@ def scaffold_table(report: dict[str, Any], names: list[str], teachers: dict[str,
     """Per scaffold, whether the models saw it in training, and each model's accuracy [95% interval]
     over the scaffold's tasks: every effort pooled, then each effort. The teacher column holds each
     cell's own teacher. Empty where no cell's tasks record a scaffold."""
-    from mopd.bench.report import accuracy_interval  # report imports this module
 
     rows = {(r["model"], r["domain"], r["effort"]): r for r in report["results"] if "task_scaffolds" in r}
     if not rows:

@@ -20,16 +20,8 @@ from mopd.envs.agent.database import (
 )
 from mopd.envs.agent.expert import _Session
 from mopd.envs.agent.families import FAMILIES
-from mopd.envs.agent.scaffolds import (
-    EXAMPLE_SQL,
-    FIXED,
-    MOPD,
-    Scaffold,
-    ToolCallError,
-    check_choice,
-    draw,
-    scaffold_of,
-)
+from mopd.envs.agent.harness import EXAMPLE_SQL, Scaffold, ToolCallError
+from mopd.envs.agent.scaffolds import FIXED, MOPD, check_choice, draw, scaffold_of
 from mopd.envs.agent.tools import parse_number
 from mopd.envs.agent.verify import check_task, database_key, diff_databases, task_identity
 from mopd.envs.base import EFFORTS, Task, Verdict, split_thinking

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from mopd.envs.agent.scaffolds import MOPD, ToolCallError
+from mopd.envs.agent.harness import ToolCallError
+from mopd.envs.agent.scaffolds import MOPD
 
 __all__ = ["ToolCallError", "find_tool_call", "parse_number", "parse_rows"]
 
