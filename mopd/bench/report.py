@@ -21,7 +21,7 @@ from typing import Any
 from mopd.artifacts import write_json_atomic, write_text_atomic
 from mopd.bench.audit import audit_text
 from mopd.bench.plots import write_plots
-from mopd.bench.scaffolds import scaffold_table
+from mopd.bench.scaffolds import scaffold_table, tasks_scores
 from mopd.envs.base import EFFORTS
 from mopd.stats import Interval, accuracy_interval, clustered, grand_mean, subtract, two_way
 
@@ -263,7 +263,7 @@ def family_table(report, names: list[str], teachers: dict[str, str]) -> list[str
     for domain, family in families(report):
         for chosen in [efforts, *([e] for e in efforts)] if len(efforts) > 1 else [efforts]:
             scored = [
-                family_scores(rows, domain, family, {e: teachers.get(f"{domain}-{e}") if c == "teacher" else c for e in chosen})
+                tasks_scores(rows, domain, "task_families", family, {e: teachers.get(f"{domain}-{e}") if c == "teacher" else c for e in chosen})
                 for c in columns
             ]  # fmt: skip
             counted = next((len(rewards) * samples for rewards, _ in filter(None, scored)), None)
@@ -278,21 +278,6 @@ def family_table(report, names: list[str], teachers: dict[str, str]) -> list[str
 def families(report) -> list[tuple[str, str]]:
     """(domain, family) pairs in the order the cells' tasks first show them."""
     return list(dict.fromkeys((r["domain"], family) for r in report["results"] for family in r["task_families"]))
-
-
-def family_scores(rows, domain: str, family: str, model_of: dict[str, str | None]) -> tuple[list[float], list[str]] | None:
-    """The per-task scores and content keys of a family's tasks at some efforts, `model_of[effort]`
-    answering each; None where a model did not answer one of them or none of its tasks is of the family."""
-    rewards: list[float] = []
-    keys: list[str] = []
-    for effort, model in model_of.items():
-        row = rows.get((model, domain, effort))
-        if row is None:
-            return None
-        picked = [j for j, name in enumerate(row["task_families"]) if name == family]
-        rewards += [row["task_rewards"][j] for j in picked]
-        keys += [row["task_keys"][j] for j in picked]
-    return (rewards, keys) if rewards else None
 
 
 def compute_table(report) -> list[str]:

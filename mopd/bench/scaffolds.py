@@ -58,7 +58,7 @@ def scaffold_table(report: dict[str, Any], names: list[str], teachers: dict[str,
         asked = [(model, row) for (model, d, _), row in rows.items() if d == domain and scaffold in row["task_scaffolds"]]
         seen = seen_text({model: row["scaffolds_seen"].get(scaffold) for model, row in asked})
         for chosen in [efforts, *([e] for e in efforts)] if len(efforts) > 1 else [efforts]:
-            scored = [scaffold_scores(rows, domain, scaffold, {e: teachers.get(f"{domain}-{e}") if c == "teacher" else c
+            scored = [tasks_scores(rows, domain, "task_scaffolds", scaffold, {e: teachers.get(f"{domain}-{e}") if c == "teacher" else c
                                                                 for e in chosen}) for c in columns]  # fmt: skip
             counted = next((len(rewards) * samples for rewards, _ in filter(None, scored)), None)
             if counted is None:
@@ -80,16 +80,17 @@ def seen_text(seen: dict[str, bool | None]) -> str:
     return "by " + ", ".join(sorted(model for model, saw in seen.items() if saw))
 
 
-def scaffold_scores(rows, domain: str, scaffold: str, model_of: dict[str, str | None]) -> tuple[list[float], list[str]] | None:
-    """The per-task scores and content keys of a scaffold's tasks at some efforts, `model_of[effort]`
-    answering each; None where a model did not answer one of them or none of its tasks is in it."""
+def tasks_scores(rows, domain: str, column: str, value: str, model_of: dict[str, str | None]) -> tuple[list[float], list[str]] | None:
+    """The per-task scores and content keys of the tasks whose `column` (a row's per-task list, e.g.
+    `task_scaffolds`) holds `value`, at some efforts, `model_of[effort]` answering each; None where a
+    model did not answer one of them or no task has that value."""
     rewards: list[float] = []
     keys: list[str] = []
     for effort, model in model_of.items():
         row = rows.get((model, domain, effort))
         if row is None:
             return None
-        picked = [j for j, name in enumerate(row["task_scaffolds"]) if name == scaffold]
+        picked = [j for j, name in enumerate(row[column]) if name == value]
         rewards += [row["task_rewards"][j] for j in picked]
         keys += [row["task_keys"][j] for j in picked]
     return (rewards, keys) if rewards else None

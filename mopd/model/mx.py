@@ -17,19 +17,15 @@ and `weight_scale` uint8 [out, ceil(in/32)], the E8M0 exponents.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from mopd.model.config import MX_FORMAT_NAMES as MX_FORMATS
 
-MXFormat = Literal["mxfp4", "mxfp8"]
 BLOCK = 32
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
 ELEMENT_MAX_EXPONENT = {"mxfp4": 2, "mxfp8": 8}  # log2 of the largest power of two each element holds
-# bits a value costs on disk: its element plus its share of the block's 8-bit scale
-BITS_PER_VALUE = {"mxfp4": 4 + 8 / BLOCK, "mxfp8": 8 + 8 / BLOCK}
 
 
 def torchao_mx():
@@ -130,13 +126,3 @@ def unpack_mxfp4_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterato
 
 def is_mxfp4_packed(config: dict) -> bool:
     return (config.get("quantization_config") or {}).get("format") == "mxfp4-pack-quantized"
-
-
-def packed_bytes(shape: tuple[int, ...], fmt: str) -> int:
-    """Bytes a weight of `shape` takes in `fmt`: elements plus one scale byte per (possibly partial) block."""
-    *rows, width = shape
-    count = 1
-    for r in rows:
-        count *= r
-    element_bits = 4 if fmt == "mxfp4" else 8
-    return count * (width * element_bits // 8 + -(-width // BLOCK))

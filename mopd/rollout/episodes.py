@@ -20,7 +20,7 @@ from typing import Any
 from mopd.envs.base import Task, Verdict, split_thinking
 from mopd.envs.chat import ChatFormat, chat_format
 from mopd.envs.effort import EffortSpec, shape_reward
-from mopd.rollout.forcing import sample_turns
+from mopd.rollout.forcing import forced_mask, sample_turns
 from mopd.rollout.interface import RolloutEngine, Sampling
 
 
@@ -97,7 +97,7 @@ def is_multi_turn(env: Any) -> bool:
 
 
 def append_assistant_turn(rollout: Rollout, sample: Any, chat: ChatFormat) -> None:
-    forced = sample.forced or [0] * len(sample.token_ids)
+    forced = forced_mask(sample)
     rollout.token_ids += sample.token_ids
     rollout.logprobs += sample.logprobs
     rollout.loss_mask += [1 - f for f in forced]
