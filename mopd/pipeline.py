@@ -197,7 +197,7 @@ def stages_judging_code(recipe: Recipe, specs: dict, suite: Path, recipe_dir: Pa
     from mopd.recipe import resolve_path
 
     stages = set()
-    if recipe.base.checkpoint is None and recipe.base.sft.mix.get("code", 0) > 0:
+    if recipe.base.trains and recipe.base.sft.mix.get("code", 0) > 0:
         stages.add("base")
     if any(spec.domain == "code" for spec in specs.values()):
         stages.add("teachers")

@@ -59,7 +59,31 @@ class SFTSpec(Strict):
 
 class BaseSpec(Strict):
     checkpoint: str | None = Field(None, description="an existing HF checkpoint; built by SFT when null")
+    warmup: bool = Field(
+        False, description="with `checkpoint`: fine-tune it by `sft` on the experts' transcripts (train split, in its own "
+        "chat template) before RL, so a pretrained model writes each domain's answer format; false: the checkpoint as it is"
+    )
     sft: SFTSpec = Field(default_factory=SFTSpec)
+    precision: Precision | None = Field(
+        None, description="the SFT's forward and backward: bf16 under autocast (fp32 weights and AdamW state), or fp32; "
+        "null: the recipe's `precision`"
+    )
+
+    @model_validator(mode="after")
+    def _warms_up_a_checkpoint(self) -> BaseSpec:
+        if self.warmup and self.checkpoint is None:
+            raise ValueError("warmup: warms up a pretrained `base.checkpoint`; name one, or leave warmup out (the base is then built by SFT)")
+        return self
+
+    @property
+    def as_is(self) -> str | None:
+        """The recipe's checkpoint where it is the base unchanged; None where the base stage trains one."""
+        return None if self.warmup else self.checkpoint
+
+    @property
+    def trains(self) -> bool:
+        """Whether the base stage trains (SFT from scratch, or the warm-up of a checkpoint)."""
+        return self.as_is is None
 
 
 class Resources(Strict):
@@ -375,7 +399,7 @@ class Recipe(Strict):
     curves: CurvesSpec | None = Field(None, description="learning curves on dev (`curves` stage); null: none")
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     precision: Precision = Field(
-        "fp32", description="what a stage's `precision` is when it sets none (implemented: distill); bf16 needs a "
+        "fp32", description="what a stage's `precision` is when it sets none (base and distill); bf16 needs a "
         "GPU or a CPU with AVX-512 BF16 or AMX, and is slower than fp32 for a model as small as tiny's"
     )
 
@@ -416,8 +440,10 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _stages_inherit_precision(self) -> Recipe:
         # fp32, what every stage ran in before the setting, stays unset so their stage hashes hold
-        if self.distill.precision is None and self.precision != "fp32":
-            self.distill.precision = self.precision
+        if self.precision != "fp32":
+            for stage in (self.base, self.distill):
+                if stage.precision is None:
+                    stage.precision = self.precision
         return self
 
     def env_options(self, domain: str) -> dict[str, Any]:

@@ -46,17 +46,19 @@ def fail(recipe_path: str | Path, field: str, problem: str) -> RecipeError:
 
 # ----------------------------------------------------------------------------- precision
 def check_precision_here(recipe: Recipe, path: str | Path) -> None:
-    """bf16 on a local run whose device lacks it is refused before any stage trains (the distill stage checks
-    again where it runs: on a cluster, the workers' devices decide)."""
+    """bf16 on a local run whose device lacks it is refused before any stage trains (the base and distill stages
+    check again where they run: on a cluster, the workers' devices decide)."""
     from mopd.machine import resolve_device
     from mopd.precision import PrecisionError, check_precision
 
     if recipe.ray.address is not None:
         return
-    try:
-        check_precision(recipe.distill.precision, resolve_device(recipe.device), "distill.precision")
-    except PrecisionError as err:
-        raise fail(path, "distill.precision", str(err).removeprefix("distill.precision: ")) from None
+    stages = {"base.precision": recipe.base.precision if recipe.base.trains else None, "distill.precision": recipe.distill.precision}
+    for field, precision in stages.items():
+        try:
+            check_precision(precision, resolve_device(recipe.device), field)
+        except PrecisionError as err:
+            raise fail(path, field, str(err).removeprefix(f"{field}: ")) from None
 
 
 # ----------------------------------------------------------------------------- teachers

@@ -166,8 +166,10 @@ def test_validate_refuses_bf16_up_front_where_the_machine_lacks_it(monkeypatch):
 
     tiny = str(ROOT / "recipes" / "tiny.yaml")
     monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: False)
+    with pytest.raises(RecipeError, match=r"tiny\.yaml: field `base\.precision`: bf16 needs a CPU"):
+        check_recipe(tiny, ["precision=bf16"])  # the base stage, the first to train, is named first
     with pytest.raises(RecipeError, match=r"tiny\.yaml: field `distill\.precision`: bf16 needs a CPU"):
-        check_recipe(tiny, ["precision=bf16"])
+        check_recipe(tiny, ["distill.precision=bf16"])
     assert check_recipe(tiny, ["precision=fp32"])[0].distill.precision is None
     monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: True)
     assert check_recipe(tiny, ["precision=bf16"])[0].distill.precision == "bf16"

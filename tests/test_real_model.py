@@ -4,8 +4,8 @@ file and imported with `mopd import` (`scripts/smollm2.py`, cached in `.cache/`)
 
 On it: the import; `init-student` both ways; pair runs on vLLM with a depth-pruned stock student
 (weights pushed in place, the policy version moving, engine log-probs equal to HF's after a push)
-and with a K3 student converted from it; and `recipes/smollm2.yaml` end to end (a 2-step GRPO teacher, MOPD, a bench
-whose report names the model). The Q4_1 model is weak on exact tasks (0/100 two-digit sums when
+and with a K3 student converted from it; and `recipes/smollm2.yaml` end to end (a 2-step warm-up, a 2-step GRPO
+teacher, MOPD, a bench whose report shows the pretrained model beside the warmed-up base). The Q4_1 model is weak on exact tasks (0/100 two-digit sums when
 the issue was filed), so rewards are reported, not asserted to rise.
 """
 
@@ -169,15 +169,18 @@ def test_pair_mode_distils_the_real_teacher_into_its_students(smol, student, req
 # ----------------------------------------------------------------------------- a recipe on it
 def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, capsys):
     out = tmp_path / "run"
-    overrides = [f"base.checkpoint={smol}"]
+    overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2"]  # a two-step warm-up
     assert main(["validate", str(ROOT / "recipes" / "smollm2.yaml"), *overrides]) == 0
     assert main(["run", str(ROOT / "recipes" / "smollm2.yaml"), "--out", str(out), *overrides]) == 0
     teacher = [json.loads(line) for line in (out / "teachers" / "general-low" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in teacher if "step" in r][-1] == 2
     assert json.loads((out / "teachers" / "general-low" / "config.json").read_text())["model_type"] == "llama"
     assert (out / "distill" / "model" / "model.safetensors").is_file()
-    report = (out / "bench" / "report.md").read_text()
-    assert str(smol) in report and "pretraining not audited" in report
+    assert json.loads((out / "base" / "warmup.json").read_text()) == {"checkpoint": str(smol.resolve())}
+    assert json.loads((out / "base" / "config.json").read_text())["model_type"] == "llama"
+    report = json.loads((out / "bench" / "report.json").read_text())
+    assert [m["name"] for m in report["models"]][:2] == ["pretrained", "base"]  # side by side
+    assert str(smol.resolve()) in (out / "bench" / "report.md").read_text() and "pretraining not audited" in (out / "bench" / "report.md").read_text()
 
 
 def test_k3_only_parts_say_so_when_handed_another_model(smol, tmp_path, capsys):

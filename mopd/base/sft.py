@@ -1,6 +1,7 @@
-"""The base model: a tiny K3 hybrid trained from scratch by SFT on the expert solvers' traces.
+"""The base model: a tiny K3 hybrid trained from scratch by SFT on the expert solvers' traces, or
+a pretrained checkpoint, as it is or warmed up on those traces.
 
-    build_base(ctx)  the pipeline stage: names an existing checkpoint, or builds one
+    build_base(ctx)  the pipeline stage: names an existing checkpoint, warms it up, or builds one
 
 Building one: train the tiny tokenizer on the expert transcripts, draw `sft.examples` expert
 transcripts over the mix of domains and all three efforts, corrupt a `sft.noise` fraction of them
@@ -11,6 +12,11 @@ and its chat template: every later stage loads it with `from_pretrained`. Beside
 every example's text states (`mopd.envs.splits`), which `mopd bench` audits its suites against.
 Only train contents may appear in that text: a corruption that would state another is passed over,
 and an example that states one anyway stops the stage with its task named.
+
+Warming up a pretrained checkpoint (`base.warmup`) fits it the same way on the same transcripts,
+written in the checkpoint's own chat format (`mopd.envs.chat.chat_format`: its chat template with
+the effort's system line, as every later stage prompts it) with its own tokenizer; `warmup.json`
+names the checkpoint it started from, so the bench can show the two side by side.
 """
 
 from __future__ import annotations
@@ -22,17 +28,19 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from transformers import get_cosine_schedule_with_warmup
+from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
 from mopd.artifacts import MetricsLog, atomic_dir, write_json_atomic
 from mopd.compute import checkpoint_active_parameters, steps_compute
 from mopd.envs import get_env, text_contents
 from mopd.envs.base import EFFORTS, THINK_CLOSE
-from mopd.envs.chat import render_turns, tokenize_segments
+from mopd.envs.chat import ChatFormat, chat_format, render_turns, tokenize_segments
 from mopd.envs.splits import TRAINED_TEXT, split_of, task_keys, trainable, write_trained_on
 from mopd.envs.tokenizer import build_tokenizer
+from mopd.machine import resolve_device
 from mopd.model import K3HybridForCausalLM, preset_config
 from mopd.model.config import read_model_config
+from mopd.precision import autocast, check_precision
 
 console = Console(stderr=True)
 IGNORE = -100
@@ -44,17 +52,22 @@ def build_base(ctx) -> dict:
     recipe = ctx.recipe
     if recipe.base.checkpoint is not None:
         check_checkpoint(Path(recipe.base.checkpoint), "base.checkpoint")
-        write_json_atomic(ctx.dir / "base.json", {"checkpoint": str(Path(recipe.base.checkpoint).resolve())})
+    if recipe.base.as_is is not None:
+        write_json_atomic(ctx.dir / "base.json", {"checkpoint": str(Path(recipe.base.as_is).resolve())})
         return {}
+    check_precision(recipe.base.precision, resolve_device(recipe.device), "base.precision")
     with atomic_dir(ctx.dir) as out:
-        train_base(recipe, out)
+        if recipe.base.warmup:
+            warm_up(recipe, out)
+        else:
+            train_base(recipe, out)
     records = MetricsLog(ctx.dir / "metrics.jsonl").records()
     return steps_compute(records, checkpoint_active_parameters(ctx.dir), wall_keys=("seconds",))
 
 
 def base_checkpoint(recipe, run_dir: Path) -> Path:
-    """Where the base of a run lives: the recipe's checkpoint, or the `base` stage's directory."""
-    return Path(recipe.base.checkpoint) if recipe.base.checkpoint is not None else Path(run_dir) / "base"
+    """Where the base of a run lives: the recipe's checkpoint used as it is, or the `base` stage's directory."""
+    return Path(recipe.base.as_is) if recipe.base.as_is is not None else Path(run_dir) / "base"
 
 
 def check_checkpoint(path: Path, field: str) -> None:
@@ -73,16 +86,13 @@ def train_base(recipe, out: Path) -> None:
     write_trained_on(out, task_keys(task for _, (task, _) in transcripts))
     tokenizer = build_tokenizer([text for text, _ in transcripts], sft.vocab_size)
     rng = random.Random(recipe.seed)
-    episodes = [episode for _, episode in transcripts]
-    noisy = [rng.random() < sft.noise for _ in episodes]
-    wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy, strict=True)], rng)
-    trained = [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong, strict=True)]
+    trained = noisy_episodes(envs, [episode for _, episode in transcripts], sft.noise, rng)
     write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
     examples = [tokenize_example(tokenizer, task, turns, corrupted, sft.max_length) for task, turns, corrupted in trained]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
     torch.manual_seed(recipe.seed)
     model = K3HybridForCausalLM(config)
-    fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng)
+    fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng, recipe.base.precision)
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(["<|end|>", "<|eos|>"])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -90,6 +100,31 @@ def train_base(recipe, out: Path) -> None:
     write_json_atomic(
         out / "sft.json", {"examples": len(examples), "corrupted": corrupted, **sft.model_dump()}
     )
+
+
+def warm_up(recipe, out: Path) -> None:
+    """Fine-tune the pretrained `base.checkpoint` on the experts' transcripts, written in its own chat format."""
+    sft, checkpoint = recipe.base.sft, Path(recipe.base.checkpoint)
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
+    episodes = [episode for _, episode in expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)]
+    write_trained_on(out, task_keys(task for task, _ in episodes))
+    rng = random.Random(recipe.seed)
+    trained = noisy_episodes(envs, episodes, sft.noise, rng)
+    write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    chat = chat_format(tokenizer)
+    examples = [
+        chat_example(chat, task, turns, corrupted, recipe.efforts[task.effort].budget_tokens, sft.max_length)
+        for task, turns, corrupted in trained
+    ]
+    torch.manual_seed(recipe.seed)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng, recipe.base.precision, pad_id=chat.stop_ids[0])
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    corrupted = sum(e["corrupted"] for e in examples)
+    write_json_atomic(out / "sft.json", {"examples": len(examples), "corrupted": corrupted, **sft.model_dump()})
+    write_json_atomic(out / "warmup.json", {"checkpoint": str(checkpoint.resolve())})
 
 
 def mix_domains(mix: dict[str, float]) -> list[str]:
@@ -130,9 +165,22 @@ def train_contents(task, turns: list[dict[str, str]]) -> set[str]:
     return keys
 
 
+def noisy_episodes(envs: dict[str, Any], episodes: list, noise: float, rng: random.Random) -> list[tuple]:
+    """(task, turns, corrupted) of each episode: a `noise` share of them with one answer digit made wrong."""
+    noisy = [rng.random() < noise for _ in episodes]
+    wrong = corrupt_many(envs, [episode if noisy_one else None for episode, noisy_one in zip(episodes, noisy, strict=True)], rng)
+    return [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong, strict=True)]
+
+
 def tokenize_example(tokenizer, task, turns, corrupted: bool, max_length: int) -> dict:
     segments = render_turns(task.prompt, turns, task.effort, task.meta.get("system"))
     ids, mask = tokenize_segments(tokenizer, segments)
+    return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "corrupted": corrupted}
+
+
+def chat_example(chat: ChatFormat, task, turns, corrupted: bool, budget: int, max_length: int) -> dict:
+    """An example in a model's own chat format, prompted as a rollout at the effort's `budget` is."""
+    ids, mask = chat.transcript_ids(task, turns, budget)
     return {"input_ids": ids[:max_length], "loss_mask": mask[:max_length], "corrupted": corrupted}
 
 
@@ -209,9 +257,15 @@ def answer_digits(content: str) -> list[int]:
     return [pos for pos in range(start, len(content)) if content[pos].isdigit()]
 
 
-def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, rng: random.Random) -> None:
-    """Next-token loss on assistant tokens; one MoE bias update per optimizer step."""
+def fit(
+    model, examples: list[dict], sft, log: MetricsLog, rng: random.Random, precision: str | None = None, pad_id: int | None = None
+) -> None:
+    """Next-token loss on assistant tokens (under bf16 autocast when `precision` says so); a K3 model's
+    MoE bias updates once per optimizer step. `pad_id`: where the config names none."""
     model.train()
+    device = next(model.parameters()).device
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else pad_id
+    update_moe_bias = getattr(model, "update_moe_bias", dict)  # a K3 hybrid's; other models balance nothing
     # fused: one kernel over all ~370 tensors; its optimizer step takes 5 ms here against 22 ms as a
     # per-tensor loop, though a whole SFT step measured even (0.558 vs 0.563 s)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=0.0, fused=True)
@@ -220,14 +274,15 @@ def fit(model: K3HybridForCausalLM, examples: list[dict], sft, log: MetricsLog, 
     for step in range(1, sft.steps + 1):
         start = time.time()
         rows = next(batches)
-        batch = collate(rows, model.config.pad_token_id)
-        loss = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
+        batch = {key: value.to(device) for key, value in collate(rows, pad_id).items()}
+        with autocast(device, precision):
+            loss = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        balance = model.update_moe_bias()
+        balance = update_moe_bias()
         log.log(
             step,
             loss=loss.item(),

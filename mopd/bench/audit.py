@@ -19,8 +19,8 @@ stage of its lineage without both records (a run from before they existed), is "
 unavailable", never a silent 0. On a dev or test suite, an overlap or a stage of the run without its
 records is a `BenchError` before sampling, naming the cells, the model and the stage, unless the user
 allows it (the report is then labelled). Each cell's audit also counts its distinct contents.
-A run whose base is a pretrained checkpoint (`base.checkpoint`) audits what the run trained on it;
-the pretraining itself is not known, and the audit says so (`pretraining_not_audited`).
+A run whose base is a pretrained checkpoint (`base.checkpoint`, as it is or warmed up) audits what the
+run trained on it; the pretraining itself is not known, and the audit says so (`pretraining_not_audited`).
 An external suite (a public benchmark, `mopd.bench.external`) is audited against every stage of the
 model's run (`whole_run`), not only its lineage: no record of the run may hold its contents.
 """
@@ -92,10 +92,11 @@ def base_dir(stage_dir: Path) -> Path:
     return Path(pointer["checkpoint"]) if pointer else checkpoint_in(stage_dir)
 
 
-def external_base(path: Path, stages: dict[str, Path]) -> Path | None:
-    """The base checkpoint of the run, where the recipe named a pretrained one instead of building it."""
+def pretrained_base(path: Path) -> Path | None:
+    """The pretrained checkpoint the run's base is (`base.json`) or was warmed up from (`warmup.json`), if any."""
     run, _ = run_stage(path)
-    return stages["base"] if read_json(run / "base" / "base.json") else None
+    pointer = read_json(run / "base" / "base.json") or read_json(run / "base" / "warmup.json")
+    return Path(pointer["checkpoint"]) if pointer else None
 
 
 # ----------------------------------------------------------------------------- the audit
@@ -114,12 +115,12 @@ def audit_cell(
     for where, record in itertools.product(stages.values(), RECORDS):
         if (where, record) not in records:
             records[where, record] = read_trained_on(where, record)
-    pretrained = external_base(path, stages)
-    for record in RECORDS:
-        if pretrained is not None and records[pretrained, record] is None:
-            records[pretrained, record] = set()  # what the run trained on this base is audited; its pretraining is not
+    pretrained = pretrained_base(path)
     if pretrained is not None:
         counted["pretraining_not_audited"] = str(pretrained)
+        for record in RECORDS:  # a base used as it is holds no record: what the run trained on it is audited, its pretraining is not
+            if pretrained == stages["base"] and records[pretrained, record] is None:
+                records[pretrained, record] = set()
     missing = [str(where / record) for where, record in itertools.product(stages.values(), RECORDS) if records[where, record] is None]
     if missing:
         names = [stage for stage, where in stages.items() if any(str(where / r) in missing for r in RECORDS)]

@@ -358,11 +358,13 @@ def recipe_of(refs: list[ModelRef]) -> Recipe:
 
 
 def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:
-    """A run's finished checkpoints: base, teachers/<cell> (each benchmarked on its own cell), distill/model,
-    and the baseline baselines/mixed_rl where the run trained it."""
+    """A run's finished checkpoints: base (after the pretrained checkpoint it was warmed up from, if it was),
+    teachers/<cell> (each benchmarked on its own cell), distill/model, and baselines/mixed_rl where the run trained it."""
     dirs = {"base": run_dir / "base", "teachers": run_dir / "teachers", "distill": run_dir / "distill"}
     dirs |= {name: Path(path) for name, path in (inputs or {}).items()}
+    warmed_up = read_json(dirs["base"] / "warmup.json")  # the pretrained checkpoint, beside the base warmed up from it
     candidates = [
+        *([ModelRef("pretrained", Path(warmed_up["checkpoint"]))] if warmed_up else []),
         ModelRef("base", base_dir(dirs["base"]), "base"),
         *(ModelRef(cell, dirs["teachers"] / cell, "teacher", cell) for cell in CELLS),
         ModelRef("student", checkpoint_in(dirs["distill"]), "student"),

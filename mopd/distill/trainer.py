@@ -88,7 +88,7 @@ def run_distill(ctx) -> dict:
 def distill_models(recipe, run_dir: Path, inputs: Mapping[str, Path]) -> tuple[Path, dict[str, Path]]:
     """The checkpoint a run's MOPD starts from, and the teacher of each cell of its mix."""
     spec = recipe.distill
-    base = recipe.base.checkpoint or inputs.get("base", run_dir / "base")
+    base = recipe.base.as_is or inputs.get("base", run_dir / "base")
     teachers_dir = Path(inputs.get("teachers", run_dir / "teachers"))
     teachers = {cell: Path(spec.teachers.get(cell) or checkpoint_in(teachers_dir / cell)) for cell in spec.mix if spec.mix[cell] > 0}
     return Path(spec.student or checkpoint_in(base)), teachers

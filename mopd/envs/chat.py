@@ -202,6 +202,23 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def transcript_ids(self, task: Task, turns: Sequence[dict[str, str]], budget: int | None = None) -> tuple[list[int], list[int]]:
+        """A whole episode as a rollout writes it (the prompt, each assistant turn ended by the first stop
+        token, each observation with the next assistant header) and its loss mask: 1 on assistant tokens."""
+        ids = self.prompt_ids(task, budget)
+        mask = [0] * len(ids)
+        for index, turn in enumerate(turns):
+            role, content = turn.get("role"), turn.get("content")
+            if role == "assistant" and not (mask and mask[-1]):
+                part, trained = [*self.encode(content), self.stop_ids[0]], 1
+            elif role in OBSERVATION_ROLES and mask and mask[-1]:
+                part, trained = self.observation_ids(content, task.effort, role), 0
+            else:
+                raise ValueError(f"turn {index}: role {role!r} cannot follow the {'assistant' if mask[-1] else 'prompt'}")
+            ids += part
+            mask += [trained] * len(part)
+        return ids, mask
+
 
 def chat_format(tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
     """Our markup where the tokenizer has our effort tokens, else the model's own chat template."""

@@ -45,7 +45,7 @@ def mixed_rl_spec(recipe: Recipe) -> MixedRLSpec:
 def run_mixed_rl(ctx, recipe_dir: Path | None = None) -> dict[str, Any]:
     """Pipeline stage: train the baseline into `ctx.dir`; returns its compute, with the target it matched."""
     recipe, spec = ctx.recipe, mixed_rl_spec(ctx.recipe)
-    base = Path(recipe.base.checkpoint or ctx.inputs["base"])
+    base = Path(recipe.base.as_is or ctx.inputs["base"])
     active = checkpoint_active_parameters(base)
     target = None if spec.steps is not None else target_flops(ctx.inputs)
     prompts = sum(s.steps * s.prompts_per_step for s in load_teacher_specs(recipe, recipe_dir).values())
