@@ -135,6 +135,16 @@ class GRPOSpec(Strict):
     )
     checkpoint_every: int = Field(5, gt=0)
     qat: QATSpec | None = Field(None, description="train a K3 policy with MX-quantized routed experts; null: full precision")
+    precision: Precision | None = Field(
+        None, description="bf16: TRL's bf16 autocast (fp32 weights and AdamW state) and a bf16 sampler, its gap corrected "
+        "by `importance_sampling`; fp32 throughout; null: the recipe's `precision` where it is bf16, else TRL's default "
+        "(bf16 on a GPU, fp32 on a CPU)"
+    )
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The rollout engine's dtype: bf16 with a bf16 policy, else fp32 (what the CPU trainer computes)."""
+        return "bfloat16" if self.precision == "bf16" else "float32"
 
     @model_validator(mode="after")
     def _sampler_log_probs_match_the_temperature(self) -> GRPOSpec:
@@ -476,11 +486,17 @@ def load_teacher_specs(recipe: Recipe, recipe_dir: Path | None = None) -> dict[s
         path = spec_dir / f"{cell}.yaml"
         data = deep_merge(read_yaml_mapping(path), recipe.teachers.common)
         data = deep_merge(data, recipe.teachers.overrides.get(cell, {}))
-        spec = validate(TeacherSpec, data, source=f"{path} (with recipe overrides teachers.overrides.{cell})")
+        spec = validate(TeacherSpec, with_precision(data, recipe), source=f"{path} (with recipe overrides teachers.overrides.{cell})")
         if spec.cell != cell:
             raise RecipeError(f"{path}: declares domain/effort {spec.cell!r} but the file is for cell {cell!r}")
         specs[cell] = spec
     return specs
+
+
+def with_precision(grpo: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
+    """A GRPO policy's fields with the recipe's bf16 `precision` where they set none (fp32 leaves it unset,
+    so TRL's default and the stage hashes of earlier runs hold)."""
+    return grpo if recipe.precision == "fp32" or "precision" in grpo else {**grpo, "precision": recipe.precision}
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:

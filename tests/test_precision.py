@@ -173,3 +173,38 @@ def test_validate_refuses_bf16_up_front_where_the_machine_lacks_it(monkeypatch):
     assert check_recipe(tiny, ["precision=fp32"])[0].distill.precision is None
     monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: True)
     assert check_recipe(tiny, ["precision=bf16"])[0].distill.precision == "bf16"
+
+
+# ----------------------------------------------------------------------------- GRPO (teachers, mixed RL)
+def test_grpo_policies_take_the_recipes_bf16_and_trl_trains_as_their_precision_says():
+    from mopd.recipe import load_teacher_specs
+    from mopd.rl.grpo import grpo_config
+    from mopd.rl.mixed import mixed_rl_spec
+
+    tiny = ROOT / "recipes" / "tiny.yaml"
+    fp32, bf16 = load_recipe(tiny), load_recipe(tiny, ["precision=bf16"])
+    assert {s.precision for s in load_teacher_specs(fp32, tiny.parent).values()} == {None}  # unset: hashes hold
+    assert {s.precision for s in load_teacher_specs(bf16, tiny.parent).values()} == {"bf16"}
+    smoke = ROOT / "recipes" / "smoke.yaml"  # a recipe with the mixed-RL baseline
+    assert mixed_rl_spec(load_recipe(smoke, ["precision=bf16"])).precision == "bf16"
+    assert mixed_rl_spec(load_recipe(smoke)).precision is None
+    own = load_recipe(tiny, ["precision=bf16", "teachers.common.precision=fp32"])
+    assert {s.precision for s in load_teacher_specs(own, tiny.parent).values()} == {"fp32"}  # a stage's own setting wins
+    spec = load_teacher_specs(fp32, tiny.parent)["general-low"]
+    for precision, trl_bf16, sampler in [(None, False, "float32"), ("fp32", False, "float32"), ("bf16", True, "bfloat16")]:
+        policy = spec.model_copy(update={"precision": precision})
+        assert grpo_config(policy, fp32, Path("/tmp/unused"), 8).bf16 is trl_bf16  # CPU: TRL's default is fp32
+        assert policy.sampler_dtype == sampler
+
+
+def test_grpo_refuses_bf16_before_its_engine_starts_where_the_machine_lacks_it(tmp_path, monkeypatch):
+    from mopd.recipe import load_teacher_specs
+    from mopd.rl.grpo import train_grpo
+
+    tiny = ROOT / "recipes" / "tiny.yaml"
+    recipe = load_recipe(tiny, ["precision=bf16"])
+    spec = load_teacher_specs(recipe, tiny.parent)["general-low"]
+    monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: False)
+    monkeypatch.setattr("mopd.rl.grpo.create_engine", lambda *args, **kwargs: pytest.fail("started the engine"))
+    with pytest.raises(PrecisionError, match=r"^teachers/general-low\.yaml: precision: bf16 needs a CPU"):
+        train_grpo(spec, recipe, tmp_path / "init", tmp_path / "out", {}, [], {})

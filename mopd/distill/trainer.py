@@ -160,7 +160,8 @@ def train_mopd(
     for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
         check_precision(spec.precision, where, "distill.precision")
     student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
-    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len)
+    sampler_dtype = "bfloat16" if spec.precision == "bf16" else "float32"  # its gap to the trainer is corrected (importance)
+    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len, dtype=sampler_dtype)
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
         ray_address=ray_address, max_resident=spec.max_resident_teachers, precision=spec.precision,

@@ -38,8 +38,10 @@ from mopd.artifacts import MetricsLog, atomic_dir, curve_snapshot
 from mopd.compute import cpu_seconds
 from mopd.envs import get_env, prompt_contents
 from mopd.envs.splits import TRAINED_TEXT, task_keys, write_trained_on
+from mopd.machine import resolve_device
 from mopd.model import is_k3
 from mopd.model.export import qat_start
+from mopd.precision import check_precision
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import run_rollouts
 
@@ -81,7 +83,8 @@ def train_grpo(
     every that many steps in `curve/step-N/` (the `curves` stage scores them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_dir = qat_start(init_dir, spec.qat and spec.qat.routed_expert_mx, out_dir, f"{spec.source}: qat")
-    engine = create_engine(init_dir, backend=backend or recipe.rollout, max_model_len=recipe.max_model_len)
+    check_precision(spec.precision, resolve_device(recipe.device), f"{spec.source}: precision")
+    engine = create_engine(init_dir, backend=backend or recipe.rollout, max_model_len=recipe.max_model_len, dtype=spec.sampler_dtype)
     try:
         return grpo_with(engine, spec, recipe, init_dir, out_dir, envs, tasks, efforts, trainer_class, stop, curve_every)
     finally:
@@ -178,7 +181,7 @@ def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConf
         save_total_limit=2,
         seed=recipe.seed,
         use_cpu=use_cpu,
-        bf16=not use_cpu,  # TRL's default; on CPU bf16 autocast trains slower here, and off the fp32 sampler
+        bf16=spec.precision == "bf16" if spec.precision else not use_cpu,  # unset: TRL's default (fp32 on CPU, faster for tiny)
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,

@@ -28,7 +28,16 @@ from typing import Any
 from mopd.artifacts import MetricsLog, read_json
 from mopd.compute import checkpoint_active_parameters, estimate_flops, steps_compute
 from mopd.envs import get_env
-from mopd.recipe import GRPOSpec, MixedRLSpec, Recipe, RecipeError, deep_merge, load_teacher_specs, validate
+from mopd.recipe import (
+    GRPOSpec,
+    MixedRLSpec,
+    Recipe,
+    RecipeError,
+    deep_merge,
+    load_teacher_specs,
+    validate,
+    with_precision,
+)
 from mopd.rl.grpo import RL_SEED_OFFSET, train_grpo
 from mopd.rl.teachers import STEP_TIMES
 
@@ -39,7 +48,7 @@ def mixed_rl_spec(recipe: Recipe) -> MixedRLSpec:
     """The recipe's `baselines.mixed_rl`, its unset GRPO fields taken from `teachers.common`."""
     common = {key: value for key, value in recipe.teachers.common.items() if key in GRPOSpec.model_fields and key != "steps"}
     own = recipe.baselines.mixed_rl.model_dump(exclude_unset=True)
-    return validate(MixedRLSpec, deep_merge(common, own), source="baselines.mixed_rl (with teachers.common)")
+    return validate(MixedRLSpec, with_precision(deep_merge(common, own), recipe), source="baselines.mixed_rl (with teachers.common)")
 
 
 def run_mixed_rl(ctx, recipe_dir: Path | None = None) -> dict[str, Any]:
