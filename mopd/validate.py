@@ -103,10 +103,24 @@ def check_checkpoints(recipe: Recipe, path: str | Path) -> None:
     positions = recipe.max_model_len
     if recipe.base.checkpoint is not None:
         check_checkpoint(path, "base.checkpoint", recipe.base.checkpoint, Path(recipe.base.checkpoint), positions)
+    if recipe.base.warmup:
+        check_chat_format(path, "base.warmup", Path(recipe.base.checkpoint))
     if recipe.distill.student is not None:
         check_checkpoint(path, "distill.student", recipe.distill.student, Path(recipe.distill.student), positions)
     for cell, teacher in recipe.distill.teachers.items():
         check_checkpoint(path, f"distill.teachers.{cell}", teacher, Path(teacher), positions)
+
+
+def check_chat_format(recipe_path: str | Path, field: str, directory: Path) -> None:
+    """A checkpoint the run writes transcripts for: its tokenizer has our effort tokens or a chat template."""
+    from transformers import AutoTokenizer
+
+    from mopd.envs.chat import chat_format
+
+    try:
+        chat_format(AutoTokenizer.from_pretrained(directory))
+    except (OSError, ValueError) as err:
+        raise fail(recipe_path, field, f"{directory}: {err}") from None
 
 
 def check_checkpoint(recipe_path: str | Path, field: str, given: str, directory: Path, max_model_len: int) -> None:

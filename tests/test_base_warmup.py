@@ -167,3 +167,22 @@ def test_the_base_takes_the_recipes_precision_and_validate_refuses_bf16_where_un
     monkeypatch.setattr(mopd.precision, "bf16_supported", lambda device: False)
     with pytest.raises(RecipeError, match=r"tiny\.yaml: field `base\.precision`: bf16 needs a CPU"):
         check_recipe(str(Path(__file__).parents[1] / "recipes" / "tiny.yaml"), ["base.precision=bf16"])
+
+
+def test_validate_refuses_a_warmup_of_a_model_without_a_chat_template(pretrained, tmp_path):
+    import shutil
+
+    from mopd.validate import check_recipe
+
+    bare = tmp_path / "bare"
+    shutil.copytree(pretrained, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nbase: {{checkpoint: {bare}, warmup: true}}\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml: field `base\.warmup`: .*neither mopd's effort tokens nor a chat template"):
+        check_recipe(str(recipe), [])
+    recipe.write_text(f"name: r\nbase: {{checkpoint: {pretrained}, warmup: true}}\n")
+    assert check_recipe(str(recipe), [])[0].base.warmup
