@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mopd.artifacts import read_json, write_json_atomic, write_text_atomic
+from mopd.bench.report import machine_text
 from mopd.bench.seeds import contents_of, pooled_matrix, task_matrix
 from mopd.cli import main as mopd
 from mopd.envs.base import EFFORTS
@@ -166,7 +167,7 @@ def verdict(x: dict | None, goal: float | None = None) -> str:
 def render(s: dict) -> str:
     seeds = ", ".join(map(str, s["seeds"]))
     lines = [f"# Scaffolds rotated against fixed ({'dev' if s['dev'] else 'test'} split, seeds {seeds})", "",
-             f"`{s['command']}`", "", f"Machine: {s['machine']}.", "",
+             f"`{s['command']}`", "", f"Machine: {machine_text(s['machine'])}.", "",
              "Agent accuracy [95% interval over seeds × contents]; teachers: each effort's agent teacher on its own cell.", "",
              "| effort | model | fixed, held-out | rotate, held-out |" + ("" if s["dev"] else " rotate, seen | fixed, own harness |"),
              "|---|---|---:|---:|" + ("" if s["dev"] else "---:|---:|")]  # fmt: skip
