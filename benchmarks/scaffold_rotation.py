@@ -172,6 +172,8 @@ def render(s: dict) -> str:
     seeds = ", ".join(map(str, s["seeds"]))
     lines = [f"# Scaffolds rotated against fixed ({'dev' if s['dev'] else 'test'} split, seeds {seeds})", "",
              f"`{s['command']}`", "", f"Machine: {machine_text(s['machine'])}.", "",
+             "Suites: " + "; ".join(f"{name} `{suite['path']}` ({suite['split']} split, {suite['n']} tasks per effort)"
+                                    for name, suite in s["suites"].items()) + ".", "",
              "Agent accuracy [95% interval over seeds × contents]; teachers: each effort's agent teacher on its own cell.", "",
              "| effort | model | fixed, held-out | rotate, held-out |" + ("" if s["dev"] else " rotate, seen | fixed, own harness |"),
              "|---|---|---:|---:|" + ("" if s["dev"] else "---:|---:|")]  # fmt: skip

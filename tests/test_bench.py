@@ -887,3 +887,16 @@ def test_each_generated_task_names_its_family_and_an_external_one_its_category_o
         close(env)
     assert task_family(Task("bfcl-1", "bfcl", "low", "?", {"category": "parallel"})) == "parallel"
     assert task_family(Task("humaneval-0", "humaneval", "low", "?", {})) == "humaneval"
+
+
+def test_a_student_is_audited_against_the_teachers_its_run_trained_not_every_cells(tmp_path, checkpoints):
+    """A recipe with one teacher (recipes/smollm2.yaml): the student's tasks of another cell have no teacher
+    of their own to audit, and must not read as a missing record; a listed teacher's missing record still does."""
+    recipe = unit_tiny_recipe()
+    recipe = recipe.model_copy(update={"teachers": recipe.teachers.model_copy(update={"cells": ["general-low"]})})
+    run = planted_run(tmp_path / "run", checkpoints[0], recipe, "general-low", {})
+    audits = audit_jobs([("student", run / "distill" / "model", cell, []) for cell in ("general-low", "general-high")])
+    assert audits[("student", "general-high")]["stages"] == {"base": 0, "distill": 0}
+    assert audits[("student", "general-low")]["stages"] == {"base": 0, "teachers/general-low": 0, "distill": 0}
+    (run / "teachers" / "general-low" / "trained_on.txt").unlink()
+    assert "teachers/general-low" in audit_jobs([("student", run / "distill" / "model", "general-low", [])])[("student", "general-low")]["unavailable"]

@@ -52,11 +52,18 @@ def lineage(path: Path, cell: str) -> dict[str, Path]:
     if stage.startswith("teachers/"):
         stages[stage] = run / stage
     elif stage == "distill":
-        stages[f"teachers/{cell}"] = run / "teachers" / cell
+        if cell in trained_teachers(run):  # a cell with no teacher of its own reached the student through MOPD only
+            stages[f"teachers/{cell}"] = run / "teachers" / cell
         stages["distill"] = run / "distill"
     elif stage in BASELINES:
         stages[stage] = run / stage
     return stages
+
+
+def trained_teachers(run: Path) -> set[str]:
+    """The cells the run's recipe trains a teacher for (every cell where the run has no recipe.json)."""
+    recipe = read_json(run / "recipe.json")
+    return set(recipe["teachers"]["cells"]) if recipe else set(CELLS)
 
 
 def run_stages(path: Path) -> dict[str, Path]:
