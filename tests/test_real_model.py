@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mopd.cli import main
@@ -169,7 +170,9 @@ def test_pair_mode_distils_the_real_teacher_into_its_students(smol, student, req
 # ----------------------------------------------------------------------------- a recipe on it
 def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, capsys):
     out = tmp_path / "run"
-    overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2", "bench.n=2"]  # a two-step warm-up, 2 tasks a cell
+    suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2}  # one cell, 2 tasks: CI time
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2", f"bench.suite={tmp_path / 'suite.yaml'}"]
     assert main(["validate", str(ROOT / "recipes" / "smollm2.yaml"), *overrides]) == 0
     assert main(["run", str(ROOT / "recipes" / "smollm2.yaml"), "--out", str(out), *overrides]) == 0
     teacher = [json.loads(line) for line in (out / "teachers" / "general-low" / "metrics.jsonl").read_text().splitlines()]
