@@ -27,7 +27,8 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from mopd.artifacts import MetricsLog, read_json, write_json_atomic, write_text_atomic
+from benchmarks.common import write_summary
+from mopd.artifacts import MetricsLog, read_json
 from mopd.bench.run import run_bench
 from mopd.bench.seeds import pooled_matrix, suite_cells, task_matrix
 from mopd.machine import describe_machine
@@ -45,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(reports, args.reference, args.qat, seeds)
     summary["command"] = (f"python -m benchmarks.qat_vs_ptq --reference {args.reference} --qat {args.qat} "
                           f"--seeds {format_seeds(seeds)} --suite {args.suite} --out {args.out}")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "summary.json", summary)
-    write_text_atomic(args.out / "summary.md", render(summary))
-    print(render(summary))
+    write_summary(args.out, summary, render)
     return 0
 
 

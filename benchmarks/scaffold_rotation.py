@@ -33,7 +33,8 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from mopd.artifacts import read_json, write_json_atomic, write_text_atomic
+from benchmarks.common import write_summary
+from mopd.artifacts import read_json
 from mopd.bench.report import machine_text
 from mopd.bench.seeds import contents_of, pooled_matrix, task_matrix
 from mopd.cli import main as mopd
@@ -52,18 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     seeds = parse_seeds(args.seeds)
     suites = DEV_SUITES if args.dev else SUITES
+    arms = {"fixed": args.fixed, "rotate": args.rotate}
     reports = {arm: {name: {s: bench(run / f"seed-{s}", suite) for s in seeds} for name, suite in suites.items()}
-               for arm, run in (("fixed", args.fixed), ("rotate", args.rotate))}  # fmt: skip
+               for arm, run in arms.items()}  # fmt: skip
     if not args.dev:
-        for arm, run in (("fixed", args.fixed), ("rotate", args.rotate)):
+        for arm, run in arms.items():
             reports[arm]["own"] = {s: own_bench(run / f"seed-{s}") for s in seeds}
     summary = summarise(reports, seeds, args.dev)
     summary["command"] = (f"python -m benchmarks.scaffold_rotation --fixed {args.fixed} --rotate {args.rotate} "
                           f"--seeds {format_seeds(seeds)} --out {args.out}" + (" --dev" if args.dev else ""))  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "summary.json", summary)
-    write_text_atomic(args.out / "summary.md", render(summary))
-    print(render(summary))
+    write_summary(args.out, summary, render)
     return 0
 
 
