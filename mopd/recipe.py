@@ -24,6 +24,11 @@ Precision = Literal["fp32", "bf16"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def sampler_dtype(precision: Precision | None) -> str:
+    """A stage's rollout engine dtype: bf16 with a bf16 policy, else fp32 (what the CPU trainer computes)."""
+    return "bfloat16" if precision == "bf16" else "float32"
+
+
 class RecipeError(ValueError):
     """A user mistake in a recipe or spec file; the message names the file and the field."""
 
@@ -143,8 +148,7 @@ class GRPOSpec(Strict):
 
     @property
     def sampler_dtype(self) -> str:
-        """The rollout engine's dtype: bf16 with a bf16 policy, else fp32 (what the CPU trainer computes)."""
-        return "bfloat16" if self.precision == "bf16" else "float32"
+        return sampler_dtype(self.precision)
 
     @model_validator(mode="after")
     def _sampler_log_probs_match_the_temperature(self) -> GRPOSpec:

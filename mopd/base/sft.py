@@ -81,36 +81,21 @@ def check_checkpoint(path: Path, field: str) -> None:
 # --------------------------------------------------------------------------------------- training
 def train_base(recipe, out: Path) -> None:
     sft = recipe.base.sft
-    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
-    transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
-    write_trained_on(out, task_keys(task for _, (task, _) in transcripts))
-    tokenizer = build_tokenizer([text for text, _ in transcripts], sft.vocab_size)
-    rng = random.Random(recipe.seed)
-    trained = noisy_episodes(envs, [episode for _, episode in transcripts], sft.noise, rng)
-    write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
+    texts, trained, rng = sft_transcripts(recipe, out)
+    tokenizer = build_tokenizer(texts, sft.vocab_size)
     examples = [tokenize_example(tokenizer, task, turns, corrupted, sft.max_length) for task, turns, corrupted in trained]
     config = preset_config(recipe.model.preset, vocab_size=len(tokenizer), **recipe.model.overrides)
     torch.manual_seed(recipe.seed)
     model = K3HybridForCausalLM(config)
     fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng, recipe.base.precision)
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(["<|end|>", "<|eos|>"])
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    corrupted = sum(e["corrupted"] for e in examples)
-    write_json_atomic(
-        out / "sft.json", {"examples": len(examples), "corrupted": corrupted, **sft.model_dump()}
-    )
+    save_sft(out, model, tokenizer, examples, sft)
 
 
 def warm_up(recipe, out: Path) -> None:
     """Fine-tune the pretrained `base.checkpoint` on the experts' transcripts, written in its own chat format."""
     sft, checkpoint = recipe.base.sft, Path(recipe.base.checkpoint)
-    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
-    episodes = [episode for _, episode in expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)]
-    write_trained_on(out, task_keys(task for task, _ in episodes))
-    rng = random.Random(recipe.seed)
-    trained = noisy_episodes(envs, episodes, sft.noise, rng)
-    write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
+    _, trained, rng = sft_transcripts(recipe, out)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     chat = chat_format(tokenizer)
     examples = [
@@ -120,11 +105,32 @@ def warm_up(recipe, out: Path) -> None:
     torch.manual_seed(recipe.seed)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     fit(model, examples, sft, MetricsLog(out / "metrics.jsonl"), rng, recipe.base.precision, pad_id=chat.stop_ids[0])
+    save_sft(out, model, tokenizer, examples, sft)
+    write_json_atomic(out / "warmup.json", {"checkpoint": str(checkpoint.resolve())})
+
+
+def sft_transcripts(recipe, out: Path) -> tuple[list[str], list[tuple], random.Random]:
+    """The SFT's expert transcripts: their texts (in our markup), and (task, turns, corrupted) of each with a
+    `noise` share given a wrong answer digit; writes the tasks and the contents they state to `out`'s records.
+    Returns the seeded rng too, which the fit goes on drawing from."""
+    sft = recipe.base.sft
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in mix_domains(sft.mix)}
+    transcripts = expert_transcripts(envs, sft.examples, sft.mix, recipe.seed)
+    write_trained_on(out, task_keys(task for _, (task, _) in transcripts))
+    rng = random.Random(recipe.seed)
+    episodes = [episode for _, episode in transcripts]
+    noisy = [rng.random() < sft.noise for _ in episodes]
+    wrong = corrupt_many(envs, [episode if noise else None for episode, noise in zip(episodes, noisy, strict=True)], rng)
+    trained = [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong, strict=True)]
+    write_trained_on(out, set().union(*(train_contents(task, turns) for task, turns, _ in trained)), TRAINED_TEXT)
+    return [text for text, _ in transcripts], trained, rng
+
+
+def save_sft(out: Path, model, tokenizer, examples: list[dict], sft) -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     corrupted = sum(e["corrupted"] for e in examples)
     write_json_atomic(out / "sft.json", {"examples": len(examples), "corrupted": corrupted, **sft.model_dump()})
-    write_json_atomic(out / "warmup.json", {"checkpoint": str(checkpoint.resolve())})
 
 
 def mix_domains(mix: dict[str, float]) -> list[str]:
@@ -163,13 +169,6 @@ def train_contents(task, turns: list[dict[str, str]]) -> set[str]:
         held_out = sorted(f"{key} ({split_of(key)})" for key in keys if split_of(key) != "train")
         raise ValueError(f"SFT example of task {task.id} ({task.domain}-{task.effort}) states held-out contents {held_out}")
     return keys
-
-
-def noisy_episodes(envs: dict[str, Any], episodes: list, noise: float, rng: random.Random) -> list[tuple]:
-    """(task, turns, corrupted) of each episode: a `noise` share of them with one answer digit made wrong."""
-    noisy = [rng.random() < noise for _ in episodes]
-    wrong = corrupt_many(envs, [episode if noisy_one else None for episode, noisy_one in zip(episodes, noisy, strict=True)], rng)
-    return [(task, corrupted or turns, corrupted is not None) for (task, turns), corrupted in zip(episodes, wrong, strict=True)]
 
 
 def tokenize_example(tokenizer, task, turns, corrupted: bool, max_length: int) -> dict:

@@ -55,7 +55,7 @@ from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_tra
 from mopd.machine import resolve_device
 from mopd.model.export import qat_start
 from mopd.precision import check_precision
-from mopd.recipe import DistillSpec
+from mopd.recipe import DistillSpec, sampler_dtype
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import Rollout, run_rollouts
 
@@ -160,8 +160,8 @@ def train_mopd(
     for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
         check_precision(spec.precision, where, "distill.precision")
     student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
-    sampler_dtype = "bfloat16" if spec.precision == "bf16" else "float32"  # its gap to the trainer is corrected (importance)
-    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len, dtype=sampler_dtype)
+    # a bf16 sampler's gap to the trainer is corrected as any other (`importance`)
+    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len, dtype=sampler_dtype(spec.precision))
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
         ray_address=ray_address, max_resident=spec.max_resident_teachers, precision=spec.precision,
