@@ -151,6 +151,13 @@ class GRPOSpec(Strict):
         return sampler_dtype(self.precision)
 
     @model_validator(mode="after")
+    def _micro_batches_split_a_step(self) -> GRPOSpec:
+        batch = self.prompts_per_step * self.group_size
+        if self.micro_batch_size is not None and batch % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide prompts_per_step × group_size = {batch}")
+        return self
+
+    @model_validator(mode="after")
     def _sampler_log_probs_match_the_temperature(self) -> GRPOSpec:
         # The engines report log-probs of the policy at temperature 1; TRL's trainer scores at the spec's.
         if self.importance_sampling != "none" and self.temperature != 1.0:

@@ -72,6 +72,14 @@ def test_overrides_reach_teacher_specs_and_reject_bad_values():
     assert recipe.distill.steps == 7
 
 
+def test_validate_refuses_micro_batches_that_do_not_split_a_teachers_step(capsys):
+    # Found when a smaller step reached a Ray actor before anything refused it.
+    overrides = ("teachers.common.prompts_per_step=2", "teachers.common.group_size=2")
+    assert run_cli("validate", str(ROOT / "recipes/smollm2.yaml"), *overrides) == 2
+    err = capsys.readouterr().err
+    assert "micro_batch_size 8 must divide prompts_per_step × group_size = 4" in err and "general-low" in err
+
+
 def test_bad_override_is_a_clear_error(capsys):
     assert run_cli("validate", str(ROOT / "recipes/tiny.yaml"), "distill.stepz=3") == 2
     assert "unknown field `distill.stepz`" in capsys.readouterr().err

@@ -156,13 +156,13 @@ def test_pair_mode_distils_the_real_teacher_into_its_students(smol, student, req
     student_dir = request.getfixturevalue(student)
     out = tmp_path / "pair"
     argv = ["distill", "--teacher", str(smol), "--student", str(student_dir), "--domain", "general", "--effort", "low",
-            "--steps", "2", "--prompts-per-step", "4", "--eval-tasks", "4", "--out", str(out)]  # fmt: skip
+            "--steps", "2", "--prompts-per-step", "2", "--eval-tasks", "2", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in records] == [0, 1]  # step 2 sampled the weights step 1 pushed
     assert all(r["train_rollout_gap"] < 1e-3 for r in records)  # the engine samples what HF trains (fp32)
     report = json.loads((out / "eval.json").read_text())
-    assert report["tasks"] == 4 and {"student_before", "student_after", "teacher"} <= set(report)
+    assert report["tasks"] == 2 and {"student_before", "student_after", "teacher"} <= set(report)
     assert "reward" in report["teacher"]  # a stock teacher is sampled too
     print(capsys.readouterr().out.strip().splitlines()[-1])
 
@@ -172,11 +172,15 @@ def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, c
     out = tmp_path / "run"
     suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2}  # one cell, 2 tasks: CI time
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2", f"bench.suite={tmp_path / 'suite.yaml'}"]
+    # every stage for one small step (CI time): the recipe's own sizes are what docs/results measure
+    overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2", f"bench.suite={tmp_path / 'suite.yaml'}",
+                 "teachers.common.steps=1", "teachers.common.prompts_per_step=2", "teachers.common.group_size=2",
+                 "teachers.common.micro_batch_size=4",
+                 "distill.steps=1", "distill.prompts_per_step=4", "baselines.mixed_rl.steps=1"]  # fmt: skip
     assert main(["validate", str(ROOT / "recipes" / "smollm2.yaml"), *overrides]) == 0
     assert main(["run", str(ROOT / "recipes" / "smollm2.yaml"), "--out", str(out), *overrides]) == 0
     teacher = [json.loads(line) for line in (out / "teachers" / "general-low" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in teacher if "step" in r][-1] == 2
+    assert [r["step"] for r in teacher if "step" in r][-1] == 1
     assert json.loads((out / "teachers" / "general-low" / "config.json").read_text())["model_type"] == "llama"
     assert (out / "distill" / "model" / "model.safetensors").is_file()
     assert json.loads((out / "base" / "warmup.json").read_text()) == {"checkpoint": str(smol.resolve())}

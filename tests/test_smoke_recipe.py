@@ -1,10 +1,17 @@
-"""`mopd run recipes/smoke.yaml`: every stage end to end, then a re-run that skips them all; the
-training records the stages wrote, and the bench's audit that reads them."""
+"""`mopd run recipes/smoke.yaml`: every stage end to end, SIGKILLed twice on the way (the whole process
+group: driver, Ray's gcs, raylet and workers), once while the teachers train and once while MOPD distils.
+
+Each re-run of the same command skips the finished stages and resumes the killed one from its last
+checkpoint; the final artifacts hold every step exactly once. Then the checks of a finished run: the
+compute accounting, the mixed-RL baseline, the learning curves, the training records and the bench's
+audit that reads them; and `mopd sweep` over that seed, which skips every stage and summarises it.
+"""
 
 import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,48 +26,196 @@ from mopd.envs.base import DOMAINS
 from mopd.envs.splits import read_trained_on, task_keys, write_trained_on
 from mopd.recipe import CELLS, load_recipe, load_teacher_specs
 from mopd.rl.grpo import teacher_env, teacher_tasks
+from tests.processes import alive, kill_run, run_processes, run_until
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["base", "teachers", "distill", "baselines/mixed_rl", "curves", "bench"]
+# nine teachers (two GRPO steps each, a checkpoint after each), four actors at a time: the first kill finds
+# some finished, some half-trained and (usually) some not yet started; MOPD checkpoints after each of its 2 steps
+OVERRIDES = ["distill.checkpoint_every=1"]
+DISTILL_STEPS = load_recipe(ROOT / "recipes/smoke.yaml").distill.steps
+STAGE_TIMEOUT = 900  # seconds for one run to reach its kill point (or to finish)
 
 
-def run_smoke(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+def start_run(out: Path, log: Path) -> subprocess.Popen:
     mopd = Path(sys.executable).parent / "mopd"
-    return subprocess.run([mopd, "run", "recipes/smoke.yaml", "--out", str(out), *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    with log.open("w") as f:
+        return subprocess.Popen(
+            # the overrides before --out: argparse takes no more positionals after an option
+            [mopd, "run", "recipes/smoke.yaml", *OVERRIDES, "--out", str(out)],
+            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- artifacts
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in lines(path)]
+
+
+def teacher_checkpoint(folder: Path) -> int:
+    """Step of a teacher's newest complete TRL checkpoint (0: none), as `mopd.rl.grpo.last_checkpoint` sees it."""
+    done = [p for p in folder.glob("checkpoints/checkpoint-*") if (p / "trainer_state.json").is_file()]
+    return max((int(p.name.removeprefix("checkpoint-")) for p in done), default=0)
+
+
+def distill_checkpoint(folder: Path) -> int:
+    done = [p for p in folder.glob("checkpoints/step-*") if (p / "trainer_state.json").is_file()]
+    return max((int(p.name.removeprefix("step-")) for p in done), default=0)
+
+
+def teacher_state(run: Path) -> dict[str, dict]:
+    out = {}
+    for cell in CELLS:
+        folder = run / "teachers" / cell
+        out[cell] = {
+            "finished": (folder / "teacher.json").is_file(),
+            "checkpoint": teacher_checkpoint(folder),
+            "attempts": len(lines(folder / "attempts.jsonl")),
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------- the test
 @pytest.mark.slow
-def test_smoke_recipe_runs_every_stage_then_skips_them(tmp_path):
+@pytest.mark.timeout(2700)  # three runs, each given STAGE_TIMEOUT
+def test_the_smoke_recipe_killed_twice_resumes_to_every_stage_then_skips_them(tmp_path):
     run = tmp_path / "seed-0"
-    first = run_smoke(run)
-    assert first.returncode == 0, first.stderr[-3000:]
+    started = time.monotonic()
+    at_kill, killed, gone_in = kill_while_teachers_train(run, tmp_path / "run1.log")
+    resumed_at, kept = kill_while_distilling(run, tmp_path / "run2.log")
+    finish(run, tmp_path / "run3.log")
+    elapsed = time.monotonic() - started
+
     manifest = json.loads((run / "manifest.json").read_text())
-    assert {name: s["status"] for name, s in manifest["stages"].items()} == dict.fromkeys(STAGES, "done")
-    for cell in ("general-low", "agent-high", "code-max"):
-        assert (run / "teachers" / cell / "config.json").is_file()
-        assert (run / "teachers" / cell / "metrics.jsonl").is_file()
+    assert {name: s["status"] for name, s in manifest["stages"].items()} == {
+        "base": "skipped", "teachers": "skipped", **dict.fromkeys(STAGES[2:], "done")}  # fmt: skip
+    for name, stage in manifest["stages"].items():
+        assert json.loads((run / name / "stage.json").read_text())["hash"] == stage["hash"]
+    check_every_teacher_step_once(run, at_kill)
+    check_every_distill_step_once(run, resumed_at, kept)
     report = json.loads((run / "bench" / "report.json").read_text())
     assert report["results"] and (run / "bench" / "report.md").is_file()
 
     check_compute_accounting_and_the_mixed_rl_baseline(run, report)
     check_learning_curves(run)
+    check_a_sweep_skips_every_stage_and_summarises(tmp_path, report)
+    check_training_records_and_their_audit(run, report)
+    print(
+        f"three runs, two kills: {elapsed:.0f} s; {killed} processes gone {gone_in:.1f} s after the first kill;"
+        f" distill resumed at step {resumed_at}; teachers at the first kill: {at_kill}"
+    )
 
-    # `mopd sweep` over seed 0 resumes that run (every stage skipped) and summarises it
+
+def kill_while_teachers_train(run: Path, log: Path) -> tuple[dict, int, float]:
+    """Killed once a teacher is finished and another has metrics and a checkpoint but is not finished."""
+
+    def teachers_finished_and_mid_training() -> bool:
+        if (run / "teachers" / "stage.json").exists():
+            return False
+        state = teacher_state(run)
+        return any(s["finished"] for s in state.values()) and any(
+            s["checkpoint"] and not s["finished"] and lines(run / "teachers" / c / "metrics.jsonl")
+            for c, s in state.items()
+        )
+
+    first = start_run(run, log)
+    run_until(first, teachers_finished_and_mid_training, log, "a finished and a checkpointed, unfinished teacher",
+              STAGE_TIMEOUT)  # fmt: skip
+    killed, gone_in = kill_run(first)
+    assert killed > 3  # the driver and Ray's processes (gcs, raylet, workers) were all there
+    assert (run / "base" / "stage.json").is_file() and not (run / "teachers" / "stage.json").exists()
+    at_kill = teacher_state(run)
+    assert any(s["checkpoint"] and not s["finished"] for s in at_kill.values()), at_kill
+    assert any(s["finished"] for s in at_kill.values()), at_kill
+    return at_kill, killed, gone_in
+
+
+def kill_while_distilling(run: Path, log: Path) -> tuple[int, list[str]]:
+    """The same command: base skipped, teachers resumed; killed again once MOPD has a checkpoint."""
+    distill = run / "distill"
+
+    def distill_checkpointed() -> bool:
+        return (
+            not (distill / "stage.json").exists()
+            and bool(lines(distill / "metrics.jsonl"))  # not parsed: the trainer may be writing a line
+            and distill_checkpoint(distill) > 0
+        )
+
+    second = start_run(run, log)
+    run_until(second, distill_checkpointed, log, "a distill checkpoint", STAGE_TIMEOUT)
+    kill_run(second)
+    assert "base: complete for these inputs" in log.read_text()
+    assert (run / "teachers" / "stage.json").is_file() and not (distill / "stage.json").exists()
+    resumed_at = distill_checkpoint(distill)
+    kept = lines(distill / "metrics.jsonl")[:resumed_at]  # the steps the checkpoint already holds
+    assert 1 <= resumed_at <= DISTILL_STEPS
+    assert [json.loads(line)["step"] for line in kept] == list(range(1, resumed_at + 1))
+    return resumed_at, kept
+
+
+def finish(run: Path, log: Path) -> None:
+    """The same command again, to the end: it leaves no process behind."""
+    third = start_run(run, log)
+    try:
+        third.wait(timeout=STAGE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        kill_run(third)
+        pytest.fail(f"the last run did not finish within {STAGE_TIMEOUT} s:\n{log.read_text()[-3000:]}")
+    output = log.read_text()
+    assert third.returncode == 0, output[-3000:]
+    assert not alive(run_processes(third.pid)), "the finished run left processes behind"
+    assert "base: complete for these inputs" in output and "teachers: complete for these inputs" in output
+
+
+def check_every_teacher_step_once(run: Path, at_kill: dict) -> None:
+    """Every step exactly once: finished teachers were skipped, half-trained ones resumed."""
+    assert sorted(p.name for p in (run / "teachers").iterdir() if p.is_dir()) == sorted(CELLS)
+    for cell in CELLS:
+        folder = run / "teachers" / cell
+        teacher = json.loads((folder / "teacher.json").read_text())
+        assert (folder / "config.json").is_file() and (folder / "metrics.jsonl").is_file() and teacher["spec"] == cell
+        assert steps(folder / "metrics.jsonl") == list(range(1, teacher["steps"] + 1)), cell
+        attempts = [json.loads(line) for line in lines(folder / "attempts.jsonl")]
+        before = at_kill[cell]
+        if before["finished"]:
+            assert len(attempts) == before["attempts"], f"{cell} was finished, yet trained again"
+        else:
+            assert len(attempts) == before["attempts"] + 1, (cell, attempts)
+            assert attempts[-1]["resumed_from"] == before["checkpoint"], (cell, attempts, before)
+        assert not (folder / "checkpoints").exists()
+    resumable = [c for c, s in at_kill.items() if s["checkpoint"] and not s["finished"]]
+    assert any(json.loads(lines(run / "teachers" / c / "attempts.jsonl")[-1])["resumed_from"] > 0 for c in resumable)
+
+
+def check_every_distill_step_once(run: Path, resumed_at: int, kept: list[str]) -> None:
+    """Steps 1..N exactly once, and the steps before the checkpoint were not redone."""
+    distill = run / "distill"
+    final = lines(distill / "metrics.jsonl")
+    assert [json.loads(line)["step"] for line in final] == list(range(1, DISTILL_STEPS + 1))
+    assert final[:resumed_at] == kept  # byte for byte: their timings would differ had they run again
+    assert distill_checkpoint(distill) == DISTILL_STEPS and (distill / "model" / "config.json").is_file()
+
+
+def check_a_sweep_skips_every_stage_and_summarises(out: Path, report: dict) -> None:
+    """`mopd sweep` over seed 0 resumes that run (every stage skipped) and summarises it."""
     mopd = Path(sys.executable).parent / "mopd"
-    again = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", "--seeds", "0", "--out", str(tmp_path)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    again = subprocess.run([mopd, "sweep", "recipes/smoke.yaml", *OVERRIDES, "--seeds", "0", "--out", str(out)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert all(f"{stage}: complete for these inputs" in again.stderr for stage in STAGES)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [0] and summary["overlap"] == {"overlap": 0, "tasks": len(report["results"]),
-                                                              "rows_without_audit": 0}
+                                                              "rows_without_audit": 0}  # fmt: skip
     row = next(r for r in report["results"] if (r["model"], r["domain"], r["effort"]) == ("base", "general", "low"))
     assert summary["cells"]["general-low"]["base"]["mean"] == row["accuracy"]
-    assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.png").is_file()
+    assert (out / "summary.md").is_file() and (out / "summary.png").is_file()
+    run = out / "seed-0"
     assert summary["curves"]["seeds"]["0"]["bar"] == json.loads((run / "curves" / "curves.json").read_text())["bar"]
-    assert "## Compute to reach 90% of the teachers (dev suite" in (tmp_path / "summary.md").read_text()
-    check_training_records_and_their_audit(run, report)
+    assert "## Compute to reach 90% of the teachers (dev suite" in (out / "summary.md").read_text()
 
 
 def check_compute_accounting_and_the_mixed_rl_baseline(run: Path, report: dict) -> None:

@@ -196,11 +196,12 @@ def train_mopd(
             allocation.observe(step, metrics)
             bar.update(1)
             bar.set_postfix(kl=f"{metrics['reverse_kl']:.3f}", reward=f"{metrics['reward']:.2f}")
-            if step % spec.checkpoint_every == 0 or step == spec.steps:
-                save_checkpoint(out_dir, step, student)
+            # the snapshot before the checkpoint: a run killed between them resumes after this step
             if spec.curve_every and step % spec.curve_every == 0 and step < spec.steps:  # the last is model/
                 with atomic_dir(curve_snapshot(out_dir, step)) as tmp:
                     student.save(tmp)
+            if step % spec.checkpoint_every == 0 or step == spec.steps:
+                save_checkpoint(out_dir, step, student)
     finally:
         producer.close()
         engine.close()  # now, not by the garbage collector under the next engine of this process

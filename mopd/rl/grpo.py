@@ -156,11 +156,7 @@ def teacher_effort(spec, recipe):
 
 def grpo_config(spec, recipe, output_dir: Path, max_new_tokens: int) -> GRPOConfig:
     batch = spec.prompts_per_step * spec.group_size
-    micro = spec.micro_batch_size or batch
-    if batch % micro:
-        raise ValueError(
-            f"{spec.source}: micro_batch_size {micro} must divide prompts_per_step × group_size = {batch}"
-        )
+    micro = spec.micro_batch_size or batch  # divides batch: GRPOSpec checks it
     use_cpu = recipe.device == "cpu" or not torch.cuda.is_available()
     return GRPOConfig(
         output_dir=str(output_dir),
