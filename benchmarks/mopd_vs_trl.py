@@ -7,7 +7,8 @@
 
 Rows (`--configs`, default all):
   ours        our `train_mopd` (what `mopd distill` runs), vLLM, synchronous
-  ours_async  the same one step off (`distill.max_staleness` 1)
+  ours_async  the same one step off (`distill.max_staleness` 1), the sampler a thread of this process
+  ours_actor  the same one step off, the sampler in a Ray actor process of its own (`distill.sampler_actor`)
   trl_hf      TRL `DistillationTrainer`, HF `generate`
   trl_vllm    TRL `DistillationTrainer`, vLLM colocate (our plugin serves the K3 hybrid)
   gkd         TRL `GKDTrainer` (trl.experimental), HF `generate`, fully on-policy (lmbda 1)
@@ -44,8 +45,9 @@ Enforced; a run that breaks one is recorded as failed, with the reason:
 - dtype: float32, read back from the trained model and the vLLM engine (ours, trl_vllm).
 - steps: the number of steps each run timed.
 - CPU budget: every run's threads are confined (`sched_setaffinity`) to the same `--threads` CPUs.
-  Torch threads per computing thread: `--threads`, except ours_async, whose two computing threads (the
-  trainer and the rollout producer) get max(1, threads // 2) each; set in each thread and read back.
+  Torch threads per computing thread: `--threads`, except ours_async and ours_actor, whose two computing
+  threads (the trainer and the sampler: a thread, or the actor's process) get max(1, threads // 2) each;
+  set in each thread and read back (the actor's from the actor, with its CPUs).
 
 Speed. Each run records its steps' spans (ours: `mopd_step`; TRL: `on_step_begin`..`on_step_end`) and
 its sampled batches' spans with their completion tokens (ours: `run_rollouts`; DistillationTrainer:
@@ -65,8 +67,8 @@ Both are measured once more on the untrained student (`untrained_student`): wher
 Summary: per row, the mean over seeds and its 95% interval (Student t, df = seeds − 1; `mopd.stats`) of
 tokens/s, s/step, held-out KL and greedy agreement. The best TRL row has the highest mean tokens/s
 among the TRL rows that ran. `ours_over_trl`: per seed ratios (tokens/s, s/step, KL, agreement), then
-their mean and t interval, for ours ÷ the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async ÷
-trl_async, and ours_async ÷ the best TRL row; a comparison whose TRL row did not run holds why.
+their mean and t interval, for ours ÷ the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async and
+ours_actor ÷ trl_async and ÷ the best TRL row; a comparison whose TRL row did not run holds why.
 
 `--preset-small` is the speed-only comparison at ~27M parameters: the `small` preset randomly
 initialised as the student and a differently seeded copy as the teacher, no held-out KL.
@@ -101,7 +103,8 @@ from mopd.stats import mean_interval
 DEFAULT_CELL = "general-high"
 PROMPTS_PER_STEP = 16
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-OURS = ("ours", "ours_async")
+OURS = ("ours", "ours_async", "ours_actor")
+ONE_STEP_OFF = ("ours_async", "ours_actor")  # two computing threads: the trainer and the sampler
 SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
 TRL = (*SYNC_TRL, "trl_async")
 CONFIGS = (*OURS, *TRL)
@@ -244,7 +247,7 @@ def thread_budget(config: str, threads: int, cpus: list[int]) -> dict:
     """The CPUs a run is confined to and the torch threads of each of its computing threads."""
     if threads > len(cpus):
         raise ValueError(f"--threads {threads}: this process may use only {len(cpus)} CPUs ({cpus})")
-    computing = 2 if config == "ours_async" else 1  # the trainer and, one step off, the rollout producer
+    computing = 2 if config in ONE_STEP_OFF else 1  # the trainer and, one step off, the rollout producer
     return {
         "cpus": sorted(cpus)[:threads],
         "torch_threads": max(1, threads // computing),
@@ -279,8 +282,9 @@ def check_run(run: dict, steps: int, digest: str, budget: dict, stop_ids: list[i
         return f"dtypes {dtypes}, not float32"
     if stop_ids is not None and sorted(set(run.get("stop_ids") or [])) != sorted(stop_ids):
         return f"stopped on tokens {run.get('stop_ids')}, not {stop_ids}"
-    if run["cpus"] != budget["cpus"]:
-        return f"ran on CPUs {run['cpus']}, not {budget['cpus']}"
+    for cpus in (run["cpus"], run.get("sampler_cpus", run["cpus"])):
+        if cpus != budget["cpus"]:
+            return f"ran on CPUs {cpus}, not {budget['cpus']}"
     if set(run["torch_threads"].values()) != {budget["torch_threads"]}:
         return f"torch threads {run['torch_threads']}, not {budget['torch_threads']} per computing thread"
     return None
@@ -385,12 +389,28 @@ def run_ours(
         rec.dtypes["trained"] = str(student_.model.dtype)
         return student_
 
-    trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student = (
-        timed_step, observed_rollouts, observed_engine, observed_student
+    class ObservedRemote(trainer.RemoteEngine):
+        """The sampler actor (ours_actor): its dtype, threads and CPUs read back from its process."""
+
+        def __init__(self, actor):
+            import ray
+
+            super().__init__(actor)
+            info = ray.get(actor.describe.remote())
+            rec.dtypes["vllm"], rec.torch_threads["sampler actor"] = info["dtype"], info["torch_threads"]
+            rec.sampler_cpus = info["cpus"]
+
+        def generate(self, prompt_ids, n=1, sampling=None):
+            rec.stop_ids = list(sampling.stop_token_ids)
+            return super().generate(prompt_ids, n, sampling)
+
+    trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student, trainer.RemoteEngine = (
+        timed_step, observed_rollouts, observed_engine, observed_student, ObservedRemote
     )  # fmt: skip
     cell = extra["cell"]
     spec = DistillSpec(mix={cell: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
-                       checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"])  # fmt: skip
+                       checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"],
+                       sampler_actor=extra.get("sampler_actor", False), sampler_num_cpus=budget["torch_threads"])  # fmt: skip
     final = trainer.train_mopd(student, {cell: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
                                seed=seed, progress=False)  # fmt: skip
     records = MetricsLog(out / "metrics.jsonl").records()
@@ -398,7 +418,8 @@ def run_ours(
         p: [r[f"time/{p}"] for r in records]
         for p in ("sample", "score", "train", "rollout_wait", "weight_sync")
     }
-    return rec.result(phase_seconds=phases, model=str(final))
+    actor = {"sampler_cpus": rec.sampler_cpus} if hasattr(rec, "sampler_cpus") else {}
+    return rec.result(phase_seconds=phases, model=str(final), **actor)
 
 
 def trl_common(out: Path, seed: int, steps: int, prompts: list) -> dict:
@@ -581,6 +602,8 @@ def run_trl_async(
 RUNNERS = {
     "ours": (run_ours, {"max_staleness": 0}, "our train_mopd, vLLM, synchronous"),
     "ours_async": (run_ours, {"max_staleness": 1}, "our train_mopd, vLLM, one step off (max_staleness 1)"),
+    "ours_actor": (run_ours, {"max_staleness": 1, "sampler_actor": True},
+                   "our train_mopd, vLLM, one step off, the sampler in its own Ray actor process"),
     "trl_hf": (run_trl, {"use_vllm": False}, "TRL DistillationTrainer, HF generate"),
     "trl_vllm": (run_trl, {"use_vllm": True}, "TRL DistillationTrainer, vLLM colocate"),
     "gkd": (run_gkd, {}, "TRL GKDTrainer (lmbda 1, beta 1), HF generate"),
@@ -642,10 +665,11 @@ def ratios(ours: dict, trl: dict) -> dict:
 
 
 def comparisons(rows: dict) -> dict:
-    """ours ÷ the best synchronous TRL row, ours_async ÷ trl_async and ÷ the best TRL row (those selected)."""
+    """ours ÷ the best synchronous TRL row, each one-step-off row of ours ÷ trl_async and ÷ the best TRL row
+    (those selected)."""
     wanted = [("ours", best_row(rows, SYNC_TRL), "best synchronous TRL row"),
-              ("ours_async", "trl_async", "AsyncDistillationTrainer"),
-              ("ours_async", best_row(rows, TRL), "best TRL row")]  # fmt: skip
+              *((row, "trl_async", "AsyncDistillationTrainer") for row in ONE_STEP_OFF),
+              *((row, best_row(rows, TRL), "best TRL row") for row in ONE_STEP_OFF)]  # fmt: skip
     out = {}
     for ours, trl, label in wanted:
         if ours not in rows:

@@ -235,6 +235,11 @@ class DistillSpec(Strict):
     )
     reward_scale: float = Field(1.0, gt=0, description="ExOPD reward scaling (>1 extrapolates past the teacher)")
     max_staleness: int = Field(0, ge=0, description="policy versions a sample may lag behind; 0: synchronous, ≥ 1: the next step samples while this one trains (one step off, lag ≤ 1); a staler sample is an error")
+    sampler_actor: bool = Field(
+        False, description="the student's sampling engine in its own Ray actor process (`sampler_num_cpus`): with "
+        "`max_staleness` ≥ 1 the next step generates there while this process scores and trains; false: in this process"
+    )
+    sampler_num_cpus: float = Field(1.0, ge=0, description="Ray CPUs reserved for the sampler actor (`sampler_actor`)")
     rescore: bool = Field(
         True, description="the sampled-token advantage log πT − log πθ takes log πθ from this step's forward of the current student; false: the sampler's log-probs recorded when the sample was drawn (stale by the sample's lag; kept to measure rescoring)"
     )

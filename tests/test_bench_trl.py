@@ -145,11 +145,12 @@ def test_thread_budget_gives_every_row_the_same_cpus_and_splits_them_one_step_of
         "torch_threads": 2,
         "computing_threads": 1,
     }
-    assert thread_budget("ours_async", 2, [3, 1, 5]) == {
-        "cpus": [1, 3],
-        "torch_threads": 1,
-        "computing_threads": 2,
-    }
+    for one_step_off in ("ours_async", "ours_actor"):  # the trainer and the sampler (a thread or an actor)
+        assert thread_budget(one_step_off, 2, [3, 1, 5]) == {
+            "cpus": [1, 3],
+            "torch_threads": 1,
+            "computing_threads": 2,
+        }
     assert thread_budget("ours_async", 1, [0, 1])["cpus"] == thread_budget("ours", 1, [0, 1])["cpus"] == [0]
     with pytest.raises(ValueError, match="only 2 CPUs"):
         thread_budget("ours", 3, [0, 1])

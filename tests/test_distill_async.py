@@ -83,3 +83,21 @@ def test_at_staleness_1_each_step_trains_on_samples_one_version_behind(setup):
     assert all(r["train_rollout_gap"] > 1e-3 for r in records[1:])  # a real gap for the importance weights
     assert records[0]["is_out_of_bounds"] == 0 and all(r["is_out_of_bounds"] > 0 for r in records[1:])
     assert records[0]["loss"] == synchronous_losses(setup)[0]  # same weights, same samples, nothing masked
+
+
+def test_a_sampler_in_its_own_process_keeps_the_lag_bound_and_the_threads_samples(setup):
+    """`sampler_actor`: the engine generates in a Ray actor; the loop, its lags and its samples are unchanged."""
+    import ray
+
+    tight = {"mode": "icepop", "low": 0.95, "high": 1.05}
+    in_thread = records_of(setup, "async-thread", max_staleness=1, importance=tight)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        in_actor = records_of(setup, "async-actor", max_staleness=1, importance=tight, sampler_actor=True)
+    finally:
+        ray.shutdown()
+    assert [r["policy_version"] for r in in_actor] == [0, 0, 1]
+    assert [(r["lag/0"], r.get("lag/1", 0)) for r in in_actor] == [(8, 0), (0, 8), (0, 8)]
+    # the same seeded samples from the same weights (pushed through Ray's object store), so the same losses
+    assert [r["loss"] for r in in_actor] == [r["loss"] for r in in_thread]
+    assert [r["tokens_sampled"] for r in in_actor] == [r["tokens_sampled"] for r in in_thread]

@@ -157,6 +157,14 @@ def paired_interval(after: list[float], before: list[float]) -> dict[str, float 
 
 
 # ----------------------------------------------------------------------------- command line
+# `--overlap`: the DistillSpec fields each choice sets
+OVERLAP = {
+    "none": {"max_staleness": 0},
+    "thread": {"max_staleness": 1},
+    "process": {"max_staleness": 1, "sampler_actor": True},
+}
+
+
 def schema_default(tiny: str | None = None) -> str:
     """Help text saying a training default is DistillSpec's, not a recipe's, and what recipes/tiny.yaml sets
     (`tiny`; None: the same value)."""
@@ -208,6 +216,12 @@ def add_distill_parser(subparsers) -> None:
         help="train the student and score with HF on packed rows (short sequences share a row instead of padding); needs models that honour packed position "
              f"ids (llama-style transformers models, not the K3 hybrid; checked at load); {schema_default()}",
     )  # fmt: skip
+    parser.add_argument(
+        "--overlap", choices=list(OVERLAP), default="none",
+        help="sample the next step while this one scores and trains (one step off, lag ≤ 1, corrected by --importance): "
+             "none (synchronous), thread (the engine in this process), process (the engine in a Ray actor of its own); "
+             "default %(default)s: on 2 CPU threads neither overlap has yet been measured faster (docs/experiments.md)",
+    )  # fmt: skip
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
                         help="held-out tasks scored into eval.json; 0 skips (default %(default)s, pair mode's own: "
                              "the schema's eval_tasks is 0, as a recipe's bench stage scores instead)")  # fmt: skip
@@ -244,7 +258,7 @@ def cmd_distill(args) -> int:
             env_options={"code": {"allow_degraded": True}} if args.allow_degraded_sandbox else None,
             steps=args.steps, prompts_per_step=args.prompts_per_step, learning_rate=args.learning_rate,
             full_vocab_kl=args.full_vocab_kl, importance=importance, eval_tasks=args.eval_tasks, precision=args.precision,
-            scoring=args.scoring, packing=args.packing,
+            scoring=args.scoring, packing=args.packing, **OVERLAP[args.overlap],
             efforts={e: spec.model_copy(update={"on_budget": args.on_budget}) for e, spec in default_effort_specs().items()},
         )  # fmt: skip
     except (PairError, RoutingError, TaskFileError, RecipeError, SandboxUnavailable) as err:

@@ -20,6 +20,8 @@ rescored; its teacher's scores are kept; `distill.rescore: false` keeps the samp
 KL (`full_vocab_kl: true`) the KL term is computed under the trainer's policy and the importance
 weights touch only the ORM term. Each step logs `lag/<k>` (rollouts k versions behind the trainer)
 and `is_out_of_bounds` (the share of tokens IcePop masks). `max_staleness: 0` is the synchronous loop.
+With `distill.sampler_actor` the sampling engine runs in a Ray actor of its own (`RemoteEngine`): the
+producer thread only waits on it, so generation and this process's scoring and training use separate cores.
 
 The stage (`run_distill`) reads the base and the nine teachers of a recipe run and writes the
 student to `<run>/distill/model`, with `metrics.jsonl`, `checkpoints/` and `trained_on.txt` (the
@@ -58,6 +60,8 @@ from mopd.precision import check_precision
 from mopd.recipe import DistillSpec, sampler_dtype
 from mopd.rollout.engine import create_engine
 from mopd.rollout.episodes import Rollout, run_rollouts
+from mopd.rollout.interface import RolloutEngine
+from mopd.rollout.ray_actor import RemoteEngine, rollout_actor
 
 TaskSource = Callable[[int], list[Task]]  # step → the step's prompts
 
@@ -160,8 +164,7 @@ def train_mopd(
     for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
         check_precision(spec.precision, where, "distill.precision")
     student = load_student(start_dir or Path(student_dir), spec, Path(student_dir), device, ray_address)
-    # a bf16 sampler's gap to the trainer is corrected as any other (`importance`)
-    engine = create_engine(start_dir or student_dir, backend=backend, max_model_len=max_model_len, dtype=sampler_dtype(spec.precision))
+    engine = sampling_engine(start_dir or Path(student_dir), spec, backend, max_model_len, ray_address)
     teachers = TeacherPool(
         table, spec.teacher_actors, spec.teacher_num_cpus, teacher_gpus,
         ray_address=ray_address, max_resident=spec.max_resident_teachers, precision=spec.precision,
@@ -214,6 +217,19 @@ def train_mopd(
     if spec.steps:
         write_allocation_plot(log.records(), list(table.weights), out_dir / "allocation.png")
     return final
+
+
+def sampling_engine(model_dir: Path, spec: DistillSpec, backend: str, max_model_len: int, ray_address: str | None) -> RolloutEngine:
+    """The student's sampler: in this process, or (`sampler_actor`) in a Ray actor of its own, where the
+    one-step-off batch generates on another core while this process scores and trains."""
+    # a bf16 sampler's gap to the trainer is corrected as any other (`importance`)
+    options = {"backend": backend, "max_model_len": max_model_len, "dtype": sampler_dtype(spec.precision)}
+    if not spec.sampler_actor:
+        return create_engine(model_dir, **options)
+    from mopd.cluster import connect_ray
+
+    connect_ray(ray_address)
+    return RemoteEngine(rollout_actor(model_dir, num_cpus=spec.sampler_num_cpus, **options))
 
 
 def mopd_step(step, student, engine, teachers, producer: RolloutProducer, spec, version_offset) -> dict:
