@@ -92,7 +92,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import in_fresh_process
-from mopd.artifacts import MetricsLog, write_json_atomic
+from mopd.artifacts import MetricsLog, write_json_atomic, write_text_atomic
 from mopd.distill.loss import reverse_kl
 from mopd.envs.base import DOMAINS
 from mopd.envs.effort import default_effort_specs
@@ -104,6 +104,7 @@ DEFAULT_CELL = "general-high"
 PROMPTS_PER_STEP = 16
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
 OURS = ("ours", "ours_async", "ours_actor")
+PHASES = ("sample", "score", "train", "rollout_wait", "weight_sync")  # our step's phases (`mopd_step`'s time/*)
 ONE_STEP_OFF = ("ours_async", "ours_actor")  # two computing threads: the trainer and the sampler
 SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
 TRL = (*SYNC_TRL, "trl_async")
@@ -416,7 +417,7 @@ def run_ours(
     records = MetricsLog(out / "metrics.jsonl").records()
     phases = {
         p: [r[f"time/{p}"] for r in records]
-        for p in ("sample", "score", "train", "rollout_wait", "weight_sync")
+        for p in PHASES
     }
     actor = {"sampler_cpus": rec.sampler_cpus} if hasattr(rec, "sampler_cpus") else {}
     return rec.result(phase_seconds=phases, model=str(final), **actor)
@@ -775,13 +776,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--student",
         type=Path,
-        required=True,
         help="student K3 checkpoint (with --preset-small: its tokenizer only)",
+    )
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="only write JSON's markdown summary (JSON with .md) from a finished run"
     )
     parser.add_argument(
         "--teacher", type=Path, help="teacher checkpoint sharing the tokenizer (not with --preset-small)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--out", type=Path, help="JSON file to write (its markdown summary beside it, .md)")
     parser.add_argument(
         "--configs",
         default=",".join(CONFIGS),
@@ -816,6 +819,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        write_markdown(args.render, json.loads(args.render.read_text()))
+        return
+    if args.student is None or args.out is None:
+        parser.error("give --student and --out (or --render JSON)")
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -868,8 +876,59 @@ def main(argv: list[str] | None = None) -> None:
             "ours_over_trl": comparisons(rows),
         }  # fmt: skip
     write_json_atomic(args.out, result)
+    write_markdown(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}
                      | {"rows": {n: {k: v for k, v in r.items() if k != "runs"} for n, r in rows.items()}}, indent=2))  # fmt: skip
+
+
+def write_markdown(out: Path, result: dict) -> None:
+    """`out` with .md: the rows, the ratios and our phases, as the README quotes them."""
+    write_text_atomic(out.with_suffix(".md"), render(result, out))
+
+
+def render(result: dict, out: Path) -> str:
+    setup, machine = result["setup"], result["machine"]
+    command = (f"python -m benchmarks.mopd_vs_trl --student {setup['student']} --teacher {setup['teacher']} "
+               f"--cell {setup['cell']} --configs {','.join(setup['configs'])} --threads {machine['cpus_per_run']} "
+               f"--seeds {','.join(map(str, setup['seeds']))} --steps {setup['steps']} "
+               f"--prompts-per-step {setup['prompts_per_step']} --eval-tasks {setup['eval_tasks']} --out {out}")  # fmt: skip
+    lines = [f"# {result['benchmark']}", "", f"Command: `{command}`", "",
+             f"Cell {setup['cell']}, {setup['prompts_per_step']} prompts a step, {setup['steps']} steps, "
+             f"at most {setup['max_new_tokens']} new tokens, {setup['dtype']}, {machine['cpus_per_run']} CPUs a run; "
+             f"seeds {', '.join(map(str, setup['seeds']))}; [{setup['interval']}].", "",
+             "| row | trainer | tokens/s | s/step | held-out KL | greedy agreement |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    metrics = ("completion_tokens_per_s", "step_seconds", "held_out_kl", "greedy_agreement")
+    for name, row in result["rows"].items():
+        cells = [f"error: {row['error']}"] if "error" in row else [interval_text(row.get(m)) for m in metrics]
+        lines.append(f"| {name} | {row.get('trainer', '')} | " + " | ".join(cells) + " |")
+    untrained = result.get("untrained_student") or {}
+    if "held_out_kl" in untrained:
+        lines += ["", f"Untrained student: held-out KL {untrained['held_out_kl']:.3f}, greedy agreement "
+                      f"{untrained['greedy_agreement']:.3f}."]  # fmt: skip
+    lines += ["", "Ratios, per seed then mean [interval]:", "", "| ours ÷ TRL | tokens/s | s/step | held-out KL | greedy agreement |",
+              "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, ratio in result["ours_over_trl"].items():
+        if "error" in ratio:
+            lines.append(f"| {name} | {ratio['error']} | | | |")
+        else:
+            lines.append(f"| {name} ({ratio['trl']}) | " + " | ".join(interval_text(ratio.get(m)) for m in metrics) + " |")
+    lines += ["", "Our rows' phases, median seconds a step after the warm-up step, over seeds:", "",
+              "| row | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]  # fmt: skip
+    for name, row in result["rows"].items():
+        runs = [r for r in row.get("runs", []) if "phase_seconds" in r]
+        if runs:
+            medians = [statistics.median(s for r in runs for s in r["phase_seconds"][p][1:]) for p in PHASES]
+            lines.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + " |")
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), ""]
+    return "\n".join(lines)
+
+
+def interval_text(x: dict | None) -> str:
+    if not x or x.get("mean") is None:
+        return "—"
+    if x.get("low") is None:
+        return f"{x['mean']:.3f}"
+    return f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
 
 
 if __name__ == "__main__":

@@ -290,3 +290,20 @@ def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, t
     )
     assert ratio["completion_tokens_per_s"]["low"] is None  # one seed: no interval
     assert "machine" in result and result["machine"]["cpu_count"] >= 1
+
+
+def test_the_markdown_summary_holds_each_row_its_ratios_and_our_phases(tmp_path):
+    rows = {"ours": row([200.0, 300.0], [1.0, 0.8]), "trl_hf": row([100.0, 150.0], [2.0, 1.6])}
+    rows["ours"]["runs"][0]["phase_seconds"] = {key: [9.0, 1.0, 3.0] for key in mopd_vs_trl.PHASES}  # the warm-up left out
+    rows["ours"]["runs"][1]["phase_seconds"] = {key: [9.0, 2.0] for key in mopd_vs_trl.PHASES}
+    setup = {"student": "S", "teacher": "T", "cell": "general-high", "configs": ["ours", "trl_hf"], "seeds": [0, 1],
+             "steps": 3, "prompts_per_step": 4, "eval_tasks": 0, "max_new_tokens": 162, "dtype": "float32",
+             "interval": "95%, Student t, df = seeds - 1"}  # fmt: skip
+    result = {"benchmark": "pair mode", "setup": setup, "machine": {"cpus_per_run": 2}, "rows": rows,
+              "ours_over_trl": comparisons(rows)}  # fmt: skip
+    mopd_vs_trl.write_markdown(tmp_path / "b.json", result)
+    text = (tmp_path / "b.md").read_text()
+    assert "--student S --teacher T --cell general-high --configs ours,trl_hf --threads 2 --seeds 0,1 --steps 3" in text
+    assert "| ours | " in text and "| 250.000 [" in text  # the mean of 200 and 300
+    assert "| ours / best synchronous TRL row (trl_hf) | 2.000 [2.000, 2.000] |" in text
+    assert "| ours | 2.000 | 2.000 | 2.000 | 2.000 | 2.000 |" in text  # median of 1, 3 and 2 after each warm-up
