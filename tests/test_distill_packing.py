@@ -47,6 +47,27 @@ def spec(**fields):
     return DistillSpec(mix=dict.fromkeys(CELLS, 1.0), teacher_actors=False, learning_rate=1e-3, **fields)
 
 
+@pytest.mark.parametrize("name", ["student", "k3"])
+def test_the_head_runs_over_completion_columns_only_and_gives_the_full_forwards_logits(models, rollouts, name):
+    from transformers import AutoModelForCausalLM
+
+    import mopd.model  # noqa: F401  (registers the K3 hybrid)
+
+    model = AutoModelForCausalLM.from_pretrained(models[name]).eval()
+    scores = TeacherScorer(models["teacher"]).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts])
+    batch = collate(rollouts, scores, pad_id=0)
+    calls = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: calls.append(args[0].shape[1]))
+    with torch.no_grad():
+        trimmed = Student.completion_logits(model, batch)
+        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    expected = full.gather(1, batch.positions[..., None].expand(-1, -1, full.shape[-1]))
+    torch.testing.assert_close(trimmed, expected, atol=0, rtol=0)  # the same hidden states, the same head rows
+    # from the shortest prompt's last token to the one before the longest sequence's end
+    first, width = min(len(r.prompt_ids) for r in rollouts) - 1, batch.input_ids.shape[1]
+    assert calls == [width - 1 - first, width]
+
+
 def test_packed_rows_fill_the_longest_width_longest_first_restarting_positions():
     input_ids, position_ids, starts = packed_rows([[5, 6], [7, 8, 9, 10], [11], [12, 13, 14]], pad_id=0)
     assert input_ids.tolist() == [[7, 8, 9, 10], [12, 13, 14, 11], [5, 6, 0, 0]]

@@ -169,8 +169,11 @@ class Student:
         if batch.position_ids is not None:  # packed: the rollouts' positions index the flattened rows
             logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
             return logits.flatten(0, 1)[batch.positions]
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-        return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
+        # the head only over the columns that hold a completion position: the prompts' logits are never read
+        first, last = int(batch.positions.min()), int(batch.positions.max())
+        keep = torch.arange(first, last + 1, device=batch.input_ids.device)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep).logits
+        return logits.gather(1, (batch.positions - first)[..., None].expand(-1, -1, logits.shape[-1]))
 
 
 def adamw(model: torch.nn.Module, spec: DistillSpec) -> torch.optim.AdamW:
