@@ -9,6 +9,8 @@ Rows (`--configs`, default all):
   ours        our `train_mopd` (what `mopd distill` runs), vLLM, synchronous
   ours_async  the same one step off (`distill.max_staleness` 1), the sampler a thread of this process
   ours_actor  the same one step off, the sampler in a Ray actor process of its own (`distill.sampler_actor`)
+  ours_actor_vllm  ours_actor with the teacher scoring by a prefill in vLLM (`distill.scoring: vllm`): the
+              loss is then the sampled-token reverse KL, not the full vocabulary's (judge it by the held-out columns)
   trl_hf      TRL `DistillationTrainer`, HF `generate`
   trl_vllm    TRL `DistillationTrainer`, vLLM colocate (our plugin serves the K3 hybrid)
   gkd         TRL `GKDTrainer` (trl.experimental), HF `generate`, fully on-policy (lmbda 1)
@@ -19,7 +21,7 @@ Rows (`--configs`, default all):
 Every trainer distils the same teacher into the same student (any HF causal LM pair sharing a tokenizer:
 our K3 models, or a stock model such as SmolLM2 and a student from `mopd init-student`) on one `--cell`
 (default general-high): `--prompts-per-step` (16) prompts a step, one sample each, at most the cell's
-effort's `max_new_tokens` new tokens (high: 162, low: 82), reverse KL (ours: `full_vocab_kl`; TRL:
+effort's `max_new_tokens` new tokens (high: 162, low: 82), reverse KL (ours: `full_vocab_kl`, except ours_actor_vllm; TRL:
 `beta=1`; trl_async over its sparse support), the recipe's learning rate, constant, fp32 on the CPU.
 Each (row, seed) runs in a fresh process (the held-out KL in another). A run that raises is recorded with
 its exception (`Type: message`) and the benchmark goes on; a row with a failed seed holds the first
@@ -103,9 +105,9 @@ from mopd.stats import mean_interval
 DEFAULT_CELL = "general-high"
 PROMPTS_PER_STEP = 16
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-OURS = ("ours", "ours_async", "ours_actor")
+OURS = ("ours", "ours_async", "ours_actor", "ours_actor_vllm")
 PHASES = ("sample", "score", "train", "rollout_wait", "weight_sync")  # our step's phases (`mopd_step`'s time/*)
-ONE_STEP_OFF = ("ours_async", "ours_actor")  # two computing threads: the trainer and the sampler
+ONE_STEP_OFF = ("ours_async", "ours_actor", "ours_actor_vllm")  # two computing threads: the trainer and the sampler
 SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
 TRL = (*SYNC_TRL, "trl_async")
 CONFIGS = (*OURS, *TRL)
@@ -411,7 +413,8 @@ def run_ours(
     cell = extra["cell"]
     spec = DistillSpec(mix={cell: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
                        checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"],
-                       sampler_actor=extra.get("sampler_actor", False), sampler_num_cpus=budget["torch_threads"])  # fmt: skip
+                       sampler_actor=extra.get("sampler_actor", False), sampler_num_cpus=budget["torch_threads"],
+                       scoring=extra.get("scoring", "hf"), full_vocab_kl=extra.get("full_vocab_kl", True))  # fmt: skip
     final = trainer.train_mopd(student, {cell: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
                                seed=seed, progress=False)  # fmt: skip
     records = MetricsLog(out / "metrics.jsonl").records()
@@ -605,6 +608,8 @@ RUNNERS = {
     "ours_async": (run_ours, {"max_staleness": 1}, "our train_mopd, vLLM, one step off (max_staleness 1)"),
     "ours_actor": (run_ours, {"max_staleness": 1, "sampler_actor": True},
                    "our train_mopd, vLLM, one step off, the sampler in its own Ray actor process"),
+    "ours_actor_vllm": (run_ours, {"max_staleness": 1, "sampler_actor": True, "scoring": "vllm", "full_vocab_kl": False},
+                        "ours_actor, the teacher scoring by a vLLM prefill, the sampled-token reverse KL"),
     "trl_hf": (run_trl, {"use_vllm": False}, "TRL DistillationTrainer, HF generate"),
     "trl_vllm": (run_trl, {"use_vllm": True}, "TRL DistillationTrainer, vLLM colocate"),
     "gkd": (run_gkd, {}, "TRL GKDTrainer (lmbda 1, beta 1), HF generate"),

@@ -14,7 +14,7 @@ import torch
 from mopd.rollout import CheckpointError, PromptTooLongError, Sampling, create_engine
 from mopd.rollout.checkpoint import write_random_checkpoint
 from mopd.rollout.hf_backend import HFEngine
-from mopd.rollout.ray_actor import rollout_actor
+from mopd.rollout.ray_actor import RemoteEngine, from_object_store, rollout_actor, to_object_store
 
 MAX_MODEL_LEN = 128
 
@@ -108,18 +108,37 @@ def test_not_a_k3_checkpoint_is_a_clear_error(tmp_path):
 
 def test_ray_actor_serves_the_same_interface(checkpoint, engine):
     prompts = prompts_of([7, 12], seed=5)
+    local_engine = create_engine(checkpoint, backend="hf", max_model_len=MAX_MODEL_LEN)
+    torch.manual_seed(3)
+    moved = {name: p.detach() + 0.05 * torch.randn_like(p) for name, p in local_engine.model.named_parameters()}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         actor = rollout_actor(checkpoint, backend="hf", max_model_len=MAX_MODEL_LEN)
         remote = ray.get(actor.generate.remote(prompts, 1, greedy(4, ignore_eos=True)))
         assert ray.get(actor.update_weights.remote({})) == 1
         assert ray.get(actor.policy_version.remote()) == 1
+        wrapped = RemoteEngine(actor)  # its push goes through the object store as numpy arrays
+        assert wrapped.update_weights(moved) == 2
+        remote_moved = wrapped.generate(prompts, sampling=greedy(4, ignore_eos=True))
     finally:
         ray.shutdown()
     local = engine.generate(prompts, sampling=greedy(4, ignore_eos=True))
-    assert [g[0].token_ids for g in remote] == [g[0].token_ids for g in local]
-    for r, loc in zip(remote, local, strict=True):
-        assert r[0].logprobs == pytest.approx(loc[0].logprobs, abs=1e-5)
+    local_engine.update_weights(moved)
+    local_moved = local_engine.generate(prompts, sampling=greedy(4, ignore_eos=True))
+    for remote_, local_ in ((remote, local), (remote_moved, local_moved)):
+        assert [g[0].token_ids for g in remote_] == [g[0].token_ids for g in local_]
+        for r, loc in zip(remote_, local_, strict=True):
+            assert r[0].logprobs == pytest.approx(loc[0].logprobs, abs=1e-5)
+    assert [g[0].logprobs for g in remote_moved] != [g[0].logprobs for g in remote]  # the push reached the model
+
+
+def test_weights_cross_the_object_store_as_numpy_bit_for_bit_and_bfloat16_as_tensors():
+    weights = {"w": torch.randn(3, 4), "h": torch.randn(2, dtype=torch.float16), "b": torch.randn(5).bfloat16()}
+    shipped = {name: to_object_store(t) for name, t in weights.items()}
+    assert [type(v).__name__ for v in shipped.values()] == ["ndarray", "ndarray", "Tensor"]
+    for name, tensor in weights.items():
+        back = from_object_store(shipped[name])
+        assert back.dtype == tensor.dtype and torch.equal(back, tensor)
 
 
 def test_one_task_scorer_answers_each_checkpoint_as_its_own_fresh_engine_would(tmp_path, tiny_tokenizer, monkeypatch):
