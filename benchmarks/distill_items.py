@@ -1,4 +1,5 @@
-"""Issue #58 items 1 and 3, each alone: teacher scoring in vLLM, and packed (unpadded) rows, against today's path.
+"""Issue #58 items 1 and 3, each alone: teacher scoring in vLLM, and packed (unpadded) rows, against today's path;
+and the student's head over completion positions only against the head over every position (as before 89abd11).
 
     python -m benchmarks.distill_items --student models/smollm2-135m-student --teacher models/smollm2-135m \\
         --cells general-low,general-high --prompts 8 --repeats 3 --out runs/bench/distill_items_smollm2.json
@@ -11,6 +12,8 @@ timed on the same token ids, side by side in this process, the two sides alterna
   packing   the student's `train_step` (sampled-token loss) padded against packed (`distill.packing`), on two
             students loaded alike, and the HF teacher's scoring padded against packed; a model that cannot
             pack (the K3 hybrid) is recorded with the reason
+  head      the student's `train_step` (the default loss, the exact full-vocabulary KL) with the head over the
+            completion columns only (`Student.completion_logits`) against the head over every position, prompts too
 Each side is warmed up once; the medians of `--repeats` timings and their ratio (today's ÷ the item's) are
 written with the machine's description. Every thread of the process is confined to `--threads` CPUs.
 """
@@ -128,6 +131,25 @@ def bench_packing(student: Path, teacher: Path, rollouts: list[Rollout], repeats
     return out
 
 
+def full_head_logits(model, batch):
+    """The student's completion logits as before 89abd11: the head over every position, then gathered."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    return logits.gather(1, batch.positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def bench_head(student: Path, teacher: Path, rollouts: list[Rollout], repeats: int) -> dict:
+    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
+    scores = TeacherScorer(teacher).score(prompts, completions, full=True)
+    cells = [cell_of(r.task) for r in rollouts]
+    spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), teacher_actors=False)
+    completion_only, every_position = (Student.load(student, spec, reference_dir=student) for _ in range(2))
+    every_position.completion_logits = full_head_logits
+    steps = {"every_position": lambda: every_position.train_step(rollouts, scores, cells),
+             "completion_only": lambda: completion_only.train_step(rollouts, scores, cells)}  # fmt: skip
+    tokens = sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    return {"prompt_tokens": sum(map(len, prompts)), **summary(alternate(steps, repeats), "every_position", "completion_only", tokens)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--student", type=Path, required=True)
@@ -135,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells", default="general-low,general-high", help="comma-separated cells the prompts come from")
     parser.add_argument("--prompts", type=int, default=8, help="rollouts in the timed batch (one sample per prompt)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per side, after one warm-up")
-    parser.add_argument("--items", default="scoring,packing", help="comma-separated: scoring, packing")
+    parser.add_argument("--items", default="scoring,packing", help="comma-separated: scoring, packing, head")
     parser.add_argument("--threads", type=int, default=1, help="CPUs (and torch threads) the whole process may use")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -148,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     pin(cpus, args.threads)  # the sampling engine's threads too
     lengths = [len(r.prompt_ids) + len(r.token_ids) for r in rollouts]
     result = {
-        "benchmark": "distill items (issue #58): vLLM teacher scoring, packing",
+        "benchmark": "distill items (issue #58): vLLM teacher scoring, packing, the student's head",
         "machine": describe_machine(),
         "setup": {**{k: str(v) for k, v in vars(args).items()}, "cpus": cpus, "sequence_lengths": lengths,
                   "completion_tokens": sum(len(r.token_ids) for r in rollouts), "dtype": "float32"},
@@ -159,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         pin(cpus, args.threads)
     if "packing" in items:
         result["packing"] = bench_packing(args.student, args.teacher, rollouts, args.repeats)
+    if "head" in items:
+        result["head"] = bench_head(args.student, args.teacher, rollouts, args.repeats)
     result["torch_threads_at_end"] = torch.get_num_threads()
     write_json_atomic(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1, default=str))
