@@ -62,7 +62,7 @@ def test_the_head_runs_over_completion_columns_only_and_gives_the_full_forwards_
         trimmed = Student.completion_logits(model, batch)
         full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     expected = full.gather(1, batch.positions[..., None].expand(-1, -1, full.shape[-1]))
-    torch.testing.assert_close(trimmed, expected, atol=0, rtol=0)  # the same hidden states, the same head rows
+    torch.testing.assert_close(trimmed, expected)  # fp32's tolerance: a GEMM of another shape may sum in another order
     # from the shortest prompt's last token to the one before the longest sequence's end
     first, width = min(len(r.prompt_ids) for r in rollouts) - 1, batch.input_ids.shape[1]
     assert calls == [width - 1 - first, width]
