@@ -890,7 +890,7 @@ def test_each_generated_task_names_its_family_and_an_external_one_its_category_o
 
 
 def test_a_student_is_audited_against_the_teachers_its_run_trained_not_every_cells(tmp_path, checkpoints):
-    """A recipe with one teacher (recipes/smollm2.yaml): the student's tasks of another cell have no teacher
+    """A recipe with one teacher (`teachers.cells: [general-low]`): the student's tasks of another cell have no teacher
     of their own to audit, and must not read as a missing record; a listed teacher's missing record still does."""
     recipe = unit_tiny_recipe()
     recipe = recipe.model_copy(update={"teachers": recipe.teachers.model_copy(update={"cells": ["general-low"]})})

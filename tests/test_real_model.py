@@ -170,13 +170,16 @@ def test_pair_mode_distils_the_real_teacher_into_its_students(smol, student, req
 # ----------------------------------------------------------------------------- a recipe on it
 def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, capsys):
     out = tmp_path / "run"
-    suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2}  # one cell, 2 tasks: CI time
+    # one cell, 2 tasks (CI time)
+    suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2, "domains": {"general": {}}}
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    # every stage for one small step (CI time): the recipe's own sizes are what docs/results measure
+    # the warm-up on all three domains; then one teacher and every later stage for one small step (CI time):
+    # the recipe's own sizes are what docs/results measure
     overrides = [f"base.checkpoint={smol}", "base.sft.examples=12", "base.sft.steps=2", f"bench.suite={tmp_path / 'suite.yaml'}",
-                 "teachers.common.steps=1", "teachers.common.prompts_per_step=2", "teachers.common.group_size=2",
-                 "teachers.common.micro_batch_size=4",
-                 "distill.steps=1", "distill.prompts_per_step=4", "baselines.mixed_rl.steps=1"]  # fmt: skip
+                 "bench.external=[]", "teachers.cells=[general-low]", "teachers.common.steps=1",
+                 "teachers.common.prompts_per_step=2", "teachers.common.group_size=2", "teachers.common.micro_batch_size=4",
+                 "distill.mix={general-low: 1.0}", "distill.steps=1", "distill.prompts_per_step=4",
+                 "baselines.mixed_rl.steps=1", "baselines.mixed_rl.cells=[general-low]"]  # fmt: skip
     assert main(["validate", str(ROOT / "recipes" / "smollm2.yaml"), *overrides]) == 0
     assert main(["run", str(ROOT / "recipes" / "smollm2.yaml"), "--out", str(out), *overrides]) == 0
     teacher = [json.loads(line) for line in (out / "teachers" / "general-low" / "metrics.jsonl").read_text().splitlines()]
