@@ -127,7 +127,7 @@ def test_warm_up_fine_tunes_the_pretrained_model_on_train_transcripts_in_its_own
     assert [ref.name for ref in run_models(tmp_path / "run")] == ["pretrained", "base"]  # the bench shows both
 
 
-def test_the_base_stage_warms_up_only_when_asked(pretrained, tmp_path):
+def test_the_base_stage_warms_up_only_when_asked(pretrained, tmp_path, capsys):
     class Ctx:
         def __init__(self, recipe, directory):
             self.recipe, self.dir = recipe, directory
@@ -136,6 +136,9 @@ def test_the_base_stage_warms_up_only_when_asked(pretrained, tmp_path):
     assert json.loads((tmp_path / "as-is" / "base.json").read_text()) == {"checkpoint": str(pretrained.resolve())}
     compute = build_base(Ctx(warmup_recipe(pretrained, steps=1), tmp_path / "warmed"))
     assert compute["tokens_trained"] > 0 and (tmp_path / "warmed" / "model.safetensors").is_file()
+    # where a user watches a long warm-up: the stage's working directory, moved into place when it ends
+    err = capsys.readouterr().err
+    assert f"their metrics go to {tmp_path}/.warmed." in err and "base sft step 1/1 loss" in err
 
 
 # ----------------------------------------------------------------------------- precision

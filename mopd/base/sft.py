@@ -57,6 +57,7 @@ def build_base(ctx) -> dict:
         return {}
     check_precision(recipe.base.precision, resolve_device(recipe.device), "base.precision")
     with atomic_dir(ctx.dir) as out:
+        console.print(f"base: {recipe.base.sft.steps} SFT steps; their metrics go to {out / 'metrics.jsonl'} until the stage ends", soft_wrap=True)
         if recipe.base.warmup:
             warm_up(recipe, out)
         else:
@@ -291,8 +292,8 @@ def fit(
             tokens_trained=sum(len(row["input_ids"]) for row in rows),  # padding left out (mopd.compute)
             **balance,
         )
-        if step % 25 == 0 or step == sft.steps:
-            console.print(f"base sft step {step}/{sft.steps} loss {loss.item():.3f}")
+        if step % max(1, min(25, sft.steps // 10)) == 0 or step == sft.steps:
+            console.print(f"base sft step {step}/{sft.steps} loss {loss.item():.3f} ({time.time() - start:.1f} s)")
     model.eval()
 
 
