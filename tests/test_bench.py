@@ -28,9 +28,11 @@ from mopd.bench.run import (
     bench_command,
     bench_run_dir,
     cell_metrics,
+    env_options,
     run_bench,
     run_bench_stage,
     run_models,
+    settings_recipe,
     task_family,
 )
 from mopd.bench.suite import BenchError, SuiteError, close, distinct_draw, load_suite, make_env, select
@@ -900,3 +902,21 @@ def test_a_student_is_audited_against_the_teachers_its_run_trained_not_every_cel
     assert audits[("student", "general-low")]["stages"] == {"base": 0, "teachers/general-low": 0, "distill": 0}
     (run / "teachers" / "general-low" / "trained_on.txt").unlink()
     assert "teachers/general-low" in audit_jobs([("student", run / "distill" / "model", "general-low", [])])[("student", "general-low")]["unavailable"]
+
+
+def test_a_suite_names_the_recipe_a_model_from_outside_a_run_is_benchmarked_under(tmp_path):
+    """`mopd bench models/smollm2-135m --suite eval/smollm2.yaml` meets the recipe's budgets and code tasks, not the
+    defaults; a run's own recipe wins; a recipe path that is not a file is refused, naming the field."""
+    suite = load_suite(ROOT / "eval" / "smollm2.yaml")
+    recipe, settings = settings_recipe(None, [ModelRef("pretrained", tmp_path / "outside")], suite)
+    smollm2 = load_recipe(ROOT / "recipes" / "smollm2.yaml")
+    assert recipe.efforts == smollm2.efforts and recipe.efforts != Recipe(name="bench").efforts
+    assert env_options(suite, "code", recipe)["difficulty"] == [2, 2] and "recipes/smollm2.yaml` (the suite's recipe)" in settings
+    run = tmp_path / "run"
+    (run / "base").mkdir(parents=True)
+    (run / "recipe.json").write_text(json.dumps(Recipe(name="mine").model_dump(mode="json")))
+    assert settings_recipe(None, [ModelRef("base", run / "base")], suite)[1] == "recipe `mine` (the models' run)"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()), "recipe": "nope.yaml"}))
+    with pytest.raises(SuiteError, match=r"bad.yaml: field `recipe`: 'nope.yaml' is not a file"):
+        load_suite(bad)

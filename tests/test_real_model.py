@@ -171,7 +171,7 @@ def test_pair_mode_distils_the_real_teacher_into_its_students(smol, student, req
 def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, capsys):
     out = tmp_path / "run"
     # one cell, 2 tasks (CI time)
-    suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2, "domains": {"general": {}}}
+    suite = yaml.safe_load((ROOT / "eval" / "smollm2.yaml").read_text()) | {"efforts": ["low"], "n": 2, "domains": {"general": {}}, "recipe": None}  # the run's recipe applies
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
     # the warm-up on all three domains; then one teacher and every later stage for one small step (CI time):
     # the recipe's own sizes are what docs/results measure

@@ -84,7 +84,7 @@ def markdown(report: dict[str, Any]) -> str:
         "Models: " + "; ".join(f"{m['name']} = `{m.get('path', '?')}`" + (f", {m['architecture']}" if m.get("architecture") else "")
                                for m in report["models"]) + ".",
         "",
-        "Budgets (thinking tokens): "
+        "Budgets (thinking tokens" + (f", from {report['settings']}" if report.get("settings") else "") + "): "
         + ", ".join(f"{effort} {spec['budget_tokens']}" for effort, spec in report["efforts"].items())
         + ". A sample is correct when the verifier accepts it and its thinking fits its effort's budget; "
         "raw accuracy ignores the budget."

@@ -45,7 +45,7 @@ from mopd.artifacts import checkpoint_in, read_json
 from mopd.bench.audit import audit_jobs, base_dir, check_overlap, training_compute
 from mopd.bench.external import without_thinking
 from mopd.bench.scaffolds import scaffolds_seen, task_scaffolds
-from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select
+from mopd.bench.suite import BenchError, Suite, close, load_suite, make_env, select, suite_recipe
 from mopd.envs.base import Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.sandbox import describe_backend
@@ -117,7 +117,7 @@ def run_bench(
     )
     if temperature is not None:
         chosen = chosen.model_copy(update={"temperature": temperature})
-    recipe = recipe or recipe_of(refs)
+    recipe, settings = settings_recipe(recipe, refs, chosen)
     if allow_degraded:
         recipe = recipe.model_copy(update={"sandbox": recipe.sandbox.model_copy(update={"allow_degraded": True})})
     envs = {
@@ -152,6 +152,7 @@ def run_bench(
         interval = accuracy_interval(row["task_rewards"], row["task_keys"], row["samples"], chosen.external)
         row["accuracy_interval"] = {"mean": interval.mean, "low": interval.low, "high": interval.high}
     report = build_report(refs, chosen, str(suite), backend, budgets, results, workers, overlapping)
+    report["settings"] = settings
     if code_sandbox:
         report["code_sandbox"] = describe_backend(code_sandbox)
     if out is not None:
@@ -348,13 +349,25 @@ def check_checkpoint(ref: ModelRef) -> None:
         raise BenchError(f"{where}: no tokenizer (tokenizer_config.json) beside the model")
 
 
-def recipe_of(refs: list[ModelRef]) -> Recipe:
-    """The recipe of the run the checkpoints come from (its seed, budgets, env options); else defaults."""
+def settings_recipe(given: Recipe | None, refs: list[ModelRef], suite: Suite) -> tuple[Recipe, str]:
+    """The recipe whose budgets, env options and seed the bench uses, and where it came from: the caller's,
+    the models' run's, the suite's `recipe`, or the defaults."""
+    if given is not None:
+        return given, f"recipe `{given.name}`"
+    if (recipe := recipe_of(refs)) is not None:
+        return recipe, f"recipe `{recipe.name}` (the models' run)"
+    if (recipe := suite_recipe(suite)) is not None:
+        return recipe, f"`{suite.recipe}` (the suite's recipe)"
+    return Recipe(name="bench"), "the default recipe"
+
+
+def recipe_of(refs: list[ModelRef]) -> Recipe | None:
+    """The recipe of the run the checkpoints come from (its seed, budgets, env options); None outside a run."""
     for ref in refs:
         for parent in [ref.path, *ref.path.resolve().parents]:
             if (parent / "recipe.json").is_file():
                 return validate(Recipe, read_json(parent / "recipe.json"), source=str(parent / "recipe.json"))
-    return Recipe(name="bench")
+    return None
 
 
 def run_models(run_dir: Path, inputs: Mapping[str, Path] | None = None) -> list[ModelRef]:

@@ -53,7 +53,7 @@ from mopd.envs.agent.scaffolds import check_choice
 from mopd.envs.base import DOMAINS, EFFORTS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import task_keys
-from mopd.recipe import RecipeError, read_yaml_mapping, resolve_path, validate
+from mopd.recipe import Recipe, RecipeError, load_recipe, read_yaml_mapping, resolve_path, validate
 
 DRAW_FACTOR = 8  # draws per task looked through for distinct contents before a cell repeats some
 
@@ -116,6 +116,10 @@ class Suite(BaseModel):
     )
     efforts: list[str] = Field(default_factory=lambda: list(EFFORTS))
     domains: dict[str, DomainSuite]
+    recipe: str | None = Field(
+        None, description="a recipe file (relative to this suite's folder) whose efforts, env options and seed a model "
+        "from outside a run is benchmarked under, so it meets the recipe's tasks and budgets; a run's own recipe wins"
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -221,15 +225,30 @@ def distinct_draw(draw, seeds: list[int], n: int, factor: int = DRAW_FACTOR) -> 
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file, building each env once so a bad family fails here."""
+    """Read and validate a suite file, building each env once so a bad family fails here; its `recipe`,
+    if it names one, becomes a checked absolute path."""
     path = resolve_path(str(path), None)
     try:
         suite = validate(Suite, read_yaml_mapping(path), source=str(path))
+        if suite.recipe is not None:
+            suite = suite.model_copy(update={"recipe": str(suite_recipe_path(suite.recipe, Path(path)))})
     except RecipeError as err:
         raise SuiteError(str(err)) from None
     for domain in suite.domains:
         close(make_env(suite, domain, source=str(path)))
     return suite
+
+
+def suite_recipe_path(recipe: str, suite_path: Path) -> Path:
+    path = (suite_path.parent / recipe).resolve()
+    if not path.is_file():
+        raise SuiteError(f"{suite_path}: field `recipe`: {recipe!r} is not a file (relative to {suite_path.parent})")
+    return path
+
+
+def suite_recipe(suite: Suite) -> Recipe | None:
+    """The recipe a suite names for models from outside a run (`load_suite` made its path absolute)."""
+    return load_recipe(suite.recipe) if suite.recipe is not None else None
 
 
 def make_env(
