@@ -230,10 +230,10 @@ def load_suite(path: str | Path) -> Suite:
     path = resolve_path(str(path), None)
     try:
         suite = validate(Suite, read_yaml_mapping(path), source=str(path))
-        if suite.recipe is not None:
-            suite = suite.model_copy(update={"recipe": str(suite_recipe_path(suite.recipe, Path(path)))})
     except RecipeError as err:
         raise SuiteError(str(err)) from None
+    if suite.recipe is not None:
+        suite = suite.model_copy(update={"recipe": str(suite_recipe_path(suite.recipe, Path(path)))})
     for domain in suite.domains:
         close(make_env(suite, domain, source=str(path)))
     return suite
