@@ -19,9 +19,12 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mopd.base.sft import expert_transcripts
 from mopd.cli import main
+from mopd.envs import get_env
 from mopd.envs.chat import TemplateChat, chat_format
 from mopd.envs.general import GeneralEnv
+from mopd.recipe import load_recipe
 from scripts.smollm2 import GGUF_MEMBER, smollm2_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,6 +194,23 @@ def test_the_smollm2_recipe_runs_every_stage_on_the_real_model(smol, tmp_path, c
     report = json.loads((out / "bench" / "report.json").read_text())
     assert [m["name"] for m in report["models"]][:2] == ["pretrained", "base"]  # side by side
     assert str(smol.resolve()) in (out / "bench" / "report.md").read_text() and "pretraining not audited" in (out / "bench" / "report.md").read_text()
+
+
+def test_the_smollm2_recipes_budgets_hold_its_experts_transcripts_in_smollm2s_tokens(smol):
+    """What `recipes/smollm2.yaml`'s comments claim: every effort's budget holds the experts' thinking in a turn and
+    `answer_tokens` their answer, counted in SmolLM2's tokens, and the warm-up's `max_length` a whole agent episode."""
+    recipe = load_recipe(ROOT / "recipes" / "smollm2.yaml")
+    tokenizer = AutoTokenizer.from_pretrained(smol)
+    chat = chat_format(tokenizer)
+    envs = {domain: get_env(domain, **recipe.env_options(domain)) for domain in recipe.envs}
+    for _, (task, turns) in expert_transcripts(envs, 270, dict.fromkeys(envs, 1.0), recipe.seed):
+        effort = recipe.efforts[task.effort]
+        for turn in (t for t in turns if t["role"] == "assistant"):
+            thinking, _, answer = turn["content"].partition("</think>")
+            assert len(tokenizer(thinking.removeprefix("<think>"))["input_ids"]) < effort.budget_tokens, (task.id, turn)
+            assert len(tokenizer(answer)["input_ids"]) <= effort.answer_tokens, (task.id, turn)
+        if task.domain == "agent":
+            assert len(chat.transcript_ids(task, turns, effort.budget_tokens)[0]) <= recipe.base.sft.max_length, task.id
 
 
 def test_k3_only_parts_say_so_when_handed_another_model(smol, tmp_path, capsys):
