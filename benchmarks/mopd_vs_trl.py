@@ -22,14 +22,20 @@ Every trainer distils the same teacher into the same student (any HF causal LM p
 our K3 models, or a stock model such as SmolLM2 and a student from `mopd init-student`) on one `--cell`
 (default general-high): `--prompts-per-step` (16) prompts a step, one sample each, at most the cell's
 effort's `max_new_tokens` new tokens (high: 162, low: 82), reverse KL (ours: `full_vocab_kl`, except ours_actor_vllm; TRL:
-`beta=1`; trl_async over its sparse support), the recipe's learning rate, constant, fp32 on the CPU.
+`beta=1`; trl_async over its sparse support), the recipe's learning rate, constant, on the CPU, at
+`--precision`: fp32 throughout (default), or bf16 where the CPU has it (AVX-512 BF16 or AMX): autocast to
+bfloat16 with fp32 weights and optimizer state (ours: `distill.precision: bf16`; TRL: `bf16=True`, accelerate's
+autocast) and bfloat16 vLLM engines.
 Each (row, seed) runs in a fresh process (the held-out KL in another). A run that raises is recorded with
 its exception (`Type: message`) and the benchmark goes on; a row with a failed seed holds the first
 error and no summary, and is left out of the comparisons.
-Two changes to TRL, where its defaults would break the shared inputs or the loss: trl_vllm's colocated
-vLLM engine is built with dtype float32 (TRL passes none, and vLLM's CPU default for a float32 checkpoint
-is bfloat16); gkd's loss is the mean over its generated tokens (HF's Trainer counts `num_items_in_batch`
-from the collated labels, which GKD then replaces with its samples: 0 for prompts, an infinite loss).
+Three changes to TRL, where its defaults would break the shared inputs or the loss: trl_vllm's colocated
+vLLM engine is built with the precision's dtype (TRL passes none, and vLLM's CPU default for a float32
+checkpoint is bfloat16); gkd's loss is the mean over its generated tokens (HF's Trainer counts
+`num_items_in_batch` from the collated labels, which GKD then replaces with its samples: 0 for prompts, an
+infinite loss); at bf16, DistillationTrainer's `compute_loss` runs under bf16 autocast (its loss calls the
+models through `_forward_redirection`, which swaps out the `forward` accelerate wrapped in autocast, so with
+`bf16=True` alone the student's and teacher's loss forwards ran in fp32 on the CPU; only generation was bf16).
 
 Enforced; a run that breaks one is recorded as failed, with the reason:
 - prompts: per seed the parent draws each step's prompts with our trainer's `task_source` (train split)
@@ -44,7 +50,9 @@ Enforced; a run that breaks one is recorded as failed, with the reason:
   the arguments of its `run_rollouts` calls; trl_async: its config).
 - stop tokens: the chat format's (`<|end|>`/`<|eos|>`, or the tokenizer's EOS such as `<|im_end|>`), given
   to TRL as the student's `generation_config.eos_token_id`, read back (ours: its engine's `generate` calls).
-- dtype: float32, read back from the trained model and the vLLM engine (ours, trl_vllm).
+- precision: the trained model's weights float32; each vLLM engine's dtype (ours' sampler and vLLM scorer,
+  trl_vllm) float32 or, at bf16, bfloat16; the autocast state of every forward of the student and the HF
+  teacher, read on entering their body (decoder): off or, at bf16, bfloat16 and nothing else.
 - steps: the number of steps each run timed.
 - CPU budget: every run's threads are confined (`sched_setaffinity`) to the same `--threads` CPUs.
   Torch threads per computing thread: `--threads`, except ours_async and ours_actor, whose two computing
@@ -58,7 +66,9 @@ time its worker enqueued it). The first step warms up (unless it is the only one
 from the start of the next step to the end of the last. tokens/s = the completion tokens of the batches
 sampled wholly inside the window over the window's seconds (one step off, the batch a step trains on
 was sampled during the step before, so the warm-up step's prefetch is not counted and the last step
-samples nothing); s/step = the median timed step. Held-out KL after the last step: the mean over tokens
+samples nothing); s/step = the median timed step. Phases a step: ours, `mopd_step`'s own times; TRL, its
+sampled batches' time (sample), its teacher's forwards (score), the rest of the step (train). Held-out KL
+(always in fp32, so every row is judged alike) after the last step: the mean over tokens
 of KL(student ‖ teacher) over the whole vocabulary, on one completion per prompt that the trained
 student samples (HF, temperature 1, fixed seed) for the same `--eval-tasks` prompts of the cell's test
 split in every row (default 32; `--eval-tasks 0`: none). Greedy agreement after the last step: over
@@ -99,6 +109,7 @@ from mopd.distill.loss import reverse_kl
 from mopd.envs.base import DOMAINS
 from mopd.envs.effort import default_effort_specs
 from mopd.machine import describe_machine
+from mopd.precision import PrecisionError, autocast, check_precision
 from mopd.recipe import DistillSpec
 from mopd.stats import mean_interval
 
@@ -111,6 +122,9 @@ ONE_STEP_OFF = ("ours_async", "ours_actor", "ours_actor_vllm")  # two computing 
 SYNC_TRL = ("trl_hf", "trl_vllm", "gkd")
 TRL = (*SYNC_TRL, "trl_async")
 CONFIGS = (*OURS, *TRL)
+PRECISIONS = ("fp32", "bf16")  # ours: `distill.precision`; TRL: TrainingArguments' bf16
+ENGINE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # a vLLM engine's dtype at each precision
+AUTOCAST = {"fp32": "off", "bf16": "bfloat16"}  # the autocast state every watched HF forward runs under
 HELD_OUT = ("held_out_kl", "greedy_agreement")  # measured after the last step, per run
 DEFAULT_SERVERS = "http://localhost:8000,http://localhost:8001"
 # vLLM's CPU worker replaces torch.set_num_threads with a no-op when its engine starts; this is the real one,
@@ -271,7 +285,9 @@ def affinity() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def check_run(run: dict, steps: int, digest: str, budget: dict, stop_ids: list[int] | None = None) -> str | None:
+def check_run(
+    run: dict, steps: int, digest: str, budget: dict, stop_ids: list[int] | None = None, precision: str = "fp32"
+) -> str | None:
     """Why a finished run broke the benchmark's shared inputs (with `stop_ids`: its stop tokens too), or None."""
     if len(run["steps"]) != steps:
         return f"timed {len(run['steps'])} steps, not {steps}"
@@ -280,9 +296,9 @@ def check_run(run: dict, steps: int, digest: str, budget: dict, stop_ids: list[i
     sampling = {k: (0 if k == "top_k" and v in (None, -1) else float(v)) for k, v in run["sampling"].items()}
     if sampling != SAMPLING:
         return f"sampled with {run['sampling']}, not {SAMPLING}"
-    dtypes = {name: str(d).removeprefix("torch.") for name, d in run["dtypes"].items()}
-    if set(dtypes.values()) != {"float32"}:
-        return f"dtypes {dtypes}, not float32"
+    reason = precision_broken(run, precision)
+    if reason is not None:
+        return reason
     if stop_ids is not None and sorted(set(run.get("stop_ids") or [])) != sorted(stop_ids):
         return f"stopped on tokens {run.get('stop_ids')}, not {stop_ids}"
     for cpus in (run["cpus"], run.get("sampler_cpus", run["cpus"])):
@@ -290,6 +306,22 @@ def check_run(run: dict, steps: int, digest: str, budget: dict, stop_ids: list[i
             return f"ran on CPUs {cpus}, not {budget['cpus']}"
     if set(run["torch_threads"].values()) != {budget["torch_threads"]}:
         return f"torch threads {run['torch_threads']}, not {budget['torch_threads']} per computing thread"
+    return None
+
+
+def precision_broken(run: dict, precision: str) -> str | None:
+    """Why a run did not compute at `precision`, or None. Both precisions keep fp32 weights in the trained model;
+    bf16 is autocast to bfloat16 around every HF forward that was watched and a bfloat16 vLLM engine, fp32 is no
+    autocast and a float32 engine."""
+    dtypes = {name: str(d).removeprefix("torch.") for name, d in run["dtypes"].items()}
+    engine = ENGINE_DTYPE[precision]
+    wanted = {name: "float32" if name == "trained" else engine for name in dtypes}
+    if dtypes != wanted:
+        return f"dtypes {dtypes}, not {wanted} (--precision {precision})"
+    autocast = AUTOCAST[precision]
+    broken = {name: seen for name, seen in run.get("autocast", {}).items() if seen != [autocast]}
+    if broken or not run.get("autocast"):
+        return f"forwards under autocast {run.get('autocast')}, not {autocast} only (--precision {precision})"
     return None
 
 
@@ -305,20 +337,59 @@ class Recorder:
         self.dtypes: dict[str, str] = {}
         self.torch_threads: dict[str, int] = {}
         self.stop_ids: list[int] = []
+        self.autocast: dict[str, list[str]] = {}  # model → the autocast states its body ran under
+        self.clock = {"sample": 0.0, "score": 0.0}  # this step's seconds so far (TRL's phases)
+        self.phases: dict[str, list[float]] = {"sample": [], "score": [], "train": []}
 
     def thread(self) -> None:
         self.torch_threads[threading.current_thread().name] = torch.get_num_threads()
 
+    def watch_autocast(self, name: str, model) -> None:
+        """Record the autocast state each forward of `model`'s body (its decoder, which every trainer calls: TRL's
+        loss runs the body alone and projects its hidden states itself) computes under, read on entering the body:
+        inside any wrapper of the model's `forward` (accelerate enters its autocast there)."""
+        seen = self.autocast.setdefault(name, [])
+
+        def record(module, args):
+            state = str(torch.get_autocast_dtype("cpu")).removeprefix("torch.") if torch.is_autocast_enabled("cpu") else "off"
+            if state not in seen:
+                seen.append(state)
+
+        model.get_decoder().register_forward_pre_hook(record)
+
+    def time_scoring(self, teacher) -> None:
+        """Count the teacher's forwards as the step's scoring (TRL scores inside its loss)."""
+
+        def begin(module, args):
+            self.scoring_since = time.perf_counter()
+
+        def end(module, args, output):
+            self.clock["score"] += time.perf_counter() - self.scoring_since
+
+        teacher.register_forward_pre_hook(begin)
+        teacher.register_forward_hook(end)
+
+    def step_begins(self) -> None:
+        self.clock = dict.fromkeys(self.clock, 0.0)
+
+    def step_ends(self, start: float, end: float) -> None:
+        """A TRL step's span and its phases: sampling (its batches), scoring (the teacher's forwards), and the
+        rest, training (the student's forward and backward, the loss, the optimizer)."""
+        self.steps.append((start, end))
+        for phase, seconds in self.clock.items():
+            self.phases[phase].append(seconds)
+        self.phases["train"].append(end - start - sum(self.clock.values()))
+
     def batch(self, start: float, tokens: int, prompt_ids: list[list[int]], end: float | None = None) -> None:
-        self.batches.append(
-            {"start": start, "end": time.perf_counter() if end is None else end, "tokens": int(tokens)}
-        )
+        end = time.perf_counter() if end is None else end
+        self.clock["sample"] += end - start
+        self.batches.append({"start": start, "end": end, "tokens": int(tokens)})
         self.prompt_ids += [list(map(int, ids)) for ids in prompt_ids]
 
     def result(self, **extra) -> dict:
         return {
             "steps": self.steps, "batches": self.batches, "prompts_sha256": prompts_digest(self.prompt_ids),
-            "sampling": self.sampling, "dtypes": self.dtypes, "torch_threads": self.torch_threads,
+            "sampling": self.sampling, "dtypes": self.dtypes, "autocast": self.autocast, "torch_threads": self.torch_threads,
             "stop_ids": sorted(set(map(int, self.stop_ids))), "cpus": affinity(), **extra,
         }  # fmt: skip
 
@@ -330,9 +401,10 @@ def step_clock(recorder: Recorder):
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
             recorder.thread()
+            recorder.step_begins()
 
         def on_step_end(self, args, state, control, **kwargs):
-            recorder.steps.append((self.start, time.perf_counter()))
+            recorder.step_ends(self.start, time.perf_counter())
 
     return StepClock()
 
@@ -341,6 +413,7 @@ def run_ours(
     student: Path, teacher: Path, out: Path, seed: int, steps: int, budget: dict, prompts: list, extra: dict
 ) -> dict:
     """Our trainer, observed through wrappers of `mopd.distill.trainer`'s functions (in this process only)."""
+    import mopd.distill.scorer as scorer
     import mopd.distill.trainer as trainer
 
     pin(budget)
@@ -348,6 +421,7 @@ def run_ours(
     mopd_step, run_rollouts, create_engine, load_student = (
         trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student
     )  # fmt: skip
+    read_checkpoint, load_vllm_teacher = scorer.TeacherScorer.read_checkpoint, scorer.VllmTeacherScorer.load
 
     def timed_step(*args, **kwargs):
         start = time.perf_counter()
@@ -390,7 +464,16 @@ def run_ours(
     def observed_student(*args, **kwargs):
         student_ = load_student(*args, **kwargs)
         rec.dtypes["trained"] = str(student_.model.dtype)
+        rec.watch_autocast("student", student_.model)
         return student_
+
+    def observed_hf_teacher(self):
+        read_checkpoint(self)
+        rec.watch_autocast("teacher", self.model)
+
+    def observed_vllm_teacher(self):
+        load_vllm_teacher(self)
+        rec.dtypes["teacher vllm"] = str(self.engine.llm.llm_engine.model_config.dtype)
 
     class ObservedRemote(trainer.RemoteEngine):
         """The sampler actor (ours_actor): its dtype, threads and CPUs read back from its process."""
@@ -410,11 +493,13 @@ def run_ours(
     trainer.mopd_step, trainer.run_rollouts, trainer.create_engine, trainer.load_student, trainer.RemoteEngine = (
         timed_step, observed_rollouts, observed_engine, observed_student, ObservedRemote
     )  # fmt: skip
+    scorer.TeacherScorer.read_checkpoint, scorer.VllmTeacherScorer.load = observed_hf_teacher, observed_vllm_teacher
     cell = extra["cell"]
     spec = DistillSpec(mix={cell: 1.0}, steps=steps, prompts_per_step=len(prompts[0]), teacher_actors=False,
                        checkpoint_every=steps, max_staleness=extra["max_staleness"], temperature=SAMPLING["temperature"],
                        sampler_actor=extra.get("sampler_actor", False), sampler_num_cpus=budget["torch_threads"],
-                       scoring=extra.get("scoring", "hf"), full_vocab_kl=extra.get("full_vocab_kl", True))  # fmt: skip
+                       scoring=extra.get("scoring", "hf"), full_vocab_kl=extra.get("full_vocab_kl", True),
+                       precision=extra["precision"])  # fmt: skip
     final = trainer.train_mopd(student, {cell: teacher}, spec, out, efforts=default_effort_specs(), backend="vllm",
                                seed=seed, progress=False)  # fmt: skip
     records = MetricsLog(out / "metrics.jsonl").records()
@@ -426,13 +511,14 @@ def run_ours(
     return rec.result(phase_seconds=phases, model=str(final), **actor)
 
 
-def trl_common(out: Path, seed: int, steps: int, prompts: list) -> dict:
-    """TrainingArguments shared by the TRL rows: the recipe's optimiser settings, fp32 on the CPU."""
+def trl_common(out: Path, seed: int, steps: int, prompts: list, precision: str) -> dict:
+    """TrainingArguments shared by the TRL rows: the recipe's optimiser settings on the CPU, bf16 mixed precision
+    (accelerate's autocast around the student's and teacher's forwards) at --precision bf16."""
     recipe = DistillSpec()
     return dict(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=len(prompts[0]), gradient_accumulation_steps=1,
         learning_rate=recipe.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=recipe.max_grad_norm, bf16=False, gradient_checkpointing=False, use_cpu=True, seed=seed,
+        max_grad_norm=recipe.max_grad_norm, bf16=precision == "bf16", gradient_checkpointing=False, use_cpu=True, seed=seed,
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True,
     )  # fmt: skip
 
@@ -461,15 +547,21 @@ def run_trl(
     if extra["use_vllm"]:  # TRL passes vLLM no dtype; vLLM's CPU default for a float32 checkpoint is bfloat16
         import trl.generation.vllm_generation as vllm_generation
 
-        vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype="float32")
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype=ENGINE_DTYPE[extra["precision"]])
     tokenizer, model, teacher_model = load_pair(student, teacher)
     ids_of = {p["text"]: p["ids"] for step in prompts for p in step}
     config = DistillationConfig(
-        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
+        **trl_common(out, seed, steps, prompts, extra["precision"]), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
         shuffle_dataset=False, use_vllm=extra["use_vllm"], vllm_mode="colocate", **SAMPLING, min_p=None, repetition_penalty=1.0,
     )  # fmt: skip
 
     class ObservedTrainer(DistillationTrainer):
+        def compute_loss(self, *args, **kwargs):
+            # bf16=True as TRL means it: its loss runs the models through `_forward_redirection`, which replaces
+            # the `forward` that accelerate wrapped in autocast, so on the CPU the loss ran in fp32 regardless
+            with autocast("cpu", extra["precision"]):
+                return super().compute_loss(*args, **kwargs)
+
         def _tokenize_prompts(self, texts):
             self.prompt_ids = [ids_of[t] for t in texts]  # the shared token ids, not TRL's own tokenization
             return self.prompt_ids, None, {}
@@ -488,6 +580,9 @@ def run_trl(
     rec.sampling = {k: getattr(sampler, k) for k in SAMPLING}
     rec.stop_ids = trainer.eos_token_ids  # HF generate's eos_token_id and the completion mask (vLLM: the mask)
     rec.dtypes["trained"] = str(trainer.model.dtype)
+    rec.watch_autocast("student", trainer.model)
+    rec.watch_autocast("teacher", teacher_model)
+    rec.time_scoring(teacher_model)
     if extra["use_vllm"]:
         rec.dtypes["vllm"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
     return train_and_save(trainer, tokenizer, out, rec)
@@ -498,7 +593,7 @@ def train_and_save(trainer, tokenizer, out: Path, rec) -> dict:
     trainer.train()
     trainer.save_model(out / "model")
     tokenizer.save_pretrained(out / "model")
-    return rec.result(model=str(out / "model"))
+    return rec.result(model=str(out / "model"), phase_seconds=rec.phases)
 
 
 def run_gkd(
@@ -512,7 +607,7 @@ def run_gkd(
     rec = Recorder()
     tokenizer, model, teacher_model = load_pair(student, teacher)
     config = GKDConfig(
-        **trl_common(out, seed, steps, prompts), lmbda=1.0, beta=1.0, temperature=SAMPLING["temperature"],
+        **trl_common(out, seed, steps, prompts, extra["precision"]), lmbda=1.0, beta=1.0, temperature=SAMPLING["temperature"],
         max_new_tokens=max_new_tokens(extra["cell"]), train_sampling_strategy="sequential",
         remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True},
     )  # fmt: skip
@@ -549,6 +644,9 @@ def run_gkd(
     eos = trainer.generation_config.eos_token_id
     rec.stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
     rec.dtypes["trained"] = str(trainer.model.dtype)
+    rec.watch_autocast("student", trainer.model)
+    rec.watch_autocast("teacher", teacher_model)
+    rec.time_scoring(teacher_model)
     return train_and_save(trainer, tokenizer, out, rec)
 
 
@@ -568,7 +666,7 @@ def run_trl_async(
     rec = Recorder()
     student_url, teacher_url = extra["servers"]
     config = AsyncDistillationConfig(
-        **trl_common(out, seed, steps, prompts), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
+        **trl_common(out, seed, steps, prompts, extra["precision"]), beta=1.0, max_completion_length=max_new_tokens(extra["cell"]),
         dtype="float32", vllm_server_base_url=student_url, teacher_server_urls={"default": teacher_url},
         max_staleness=1, weight_sync_steps=1, **SAMPLING,
     )  # fmt: skip
@@ -600,6 +698,7 @@ def run_trl_async(
     rec.sampling = {k: getattr(config, k) for k in SAMPLING}
     rec.stop_ids = trainer.eos_token_ids
     rec.dtypes["trained"] = str(trainer.model.dtype)
+    rec.watch_autocast("student", trainer.model)
     return train_and_save(trainer, tokenizer, out, rec)
 
 
@@ -716,7 +815,8 @@ def one_run(
     """One (row, seed) in a fresh process: its record, or the exception or broken input that failed it."""
     run, options, _ = RUNNERS[config]
     cell = getattr(args, "cell", DEFAULT_CELL)
-    extra = options | {"cell": cell} | ({"servers": args.trl_async_servers} if config == "trl_async" else {})
+    precision = getattr(args, "precision", "fp32")
+    extra = options | {"cell": cell, "precision": precision} | ({"servers": args.trl_async_servers} if config == "trl_async" else {})
     budget = thread_budget(config, args.threads, args.cpus)
     try:
         result = in_fresh_process(
@@ -724,7 +824,7 @@ def one_run(
         )
     except Exception as err:  # the process's exception (or its death), recorded: the other rows go on
         return {"seed": seed, "error": f"{type(err).__name__}: {err}"}
-    reason = check_run(result, args.steps, digest, budget, stop_ids)
+    reason = check_run(result, args.steps, digest, budget, stop_ids, precision)
     if reason is not None:
         return {"seed": seed, "error": f"broke the shared inputs: {reason}", **result}
     result["speed"] = timed_window(result["steps"], result["batches"])
@@ -815,6 +915,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="CPUs (and torch threads) of every run")
     parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32",
+        help="every row's training and scoring: fp32, or bf16 autocast with fp32 weights (ours: distill.precision; "
+        "TRL: bf16=True) and bf16 vLLM engines; bf16 needs a CPU with AVX-512 BF16 or AMX",
+    )
+    parser.add_argument(
         "--trl-async-servers",
         default=DEFAULT_SERVERS,
         help="trl_async's student and teacher `vllm serve` URLs",
@@ -849,6 +954,10 @@ def main(argv: list[str] | None = None) -> None:
     args.cpus = affinity()
     if args.threads > len(args.cpus):
         parser.error(f"--threads {args.threads}: only {len(args.cpus)} CPUs are available here ({args.cpus})")
+    try:
+        check_precision(args.precision, "cpu", "--precision")
+    except PrecisionError as err:
+        parser.error(str(err))
     if (args.teacher is None) != args.preset_small:
         parser.error("give --teacher, or --preset-small (which builds its own teacher)")
     for path in filter(None, [args.student, args.teacher]):
@@ -870,7 +979,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": describe_machine() | {"cpus_per_run": args.threads, "cpus": thread_budget("ours", args.threads, args.cpus)["cpus"]},
             "setup": {"student": str(args.student), "teacher": str(args.teacher), "preset": "small" if args.preset_small else "checkpoint",
                       "cell": args.cell, "prompts_per_step": args.prompts_per_step, "samples_per_prompt": 1,
-                      "max_new_tokens": max_new_tokens(args.cell), "dtype": "float32", "sampling": SAMPLING,
+                      "max_new_tokens": max_new_tokens(args.cell), "precision": args.precision, "sampling": SAMPLING,
                       "chat_format": chat_format_name(args.student), "stop_ids": args.stop_ids,
                       "greedy_reference_tokens": getattr(args, "reference_tokens", 0),
                       "steps": args.steps, "seeds": args.seeds, "eval_tasks": args.eval_tasks, "configs": args.configs,
@@ -896,10 +1005,11 @@ def render(result: dict, out: Path) -> str:
     command = (f"python -m benchmarks.mopd_vs_trl --student {setup['student']} --teacher {setup['teacher']} "
                f"--cell {setup['cell']} --configs {','.join(setup['configs'])} --threads {machine['cpus_per_run']} "
                f"--seeds {','.join(map(str, setup['seeds']))} --steps {setup['steps']} "
-               f"--prompts-per-step {setup['prompts_per_step']} --eval-tasks {setup['eval_tasks']} --out {out}")  # fmt: skip
+               f"--prompts-per-step {setup['prompts_per_step']} --eval-tasks {setup['eval_tasks']}"
+               + (f" --precision {setup['precision']}" if setup.get("precision", "fp32") != "fp32" else "") + f" --out {out}")  # fmt: skip
     lines = [f"# {result['benchmark']}", "", f"Command: `{command}`", "",
              f"Cell {setup['cell']}, {setup['prompts_per_step']} prompts a step, {setup['steps']} steps, "
-             f"at most {setup['max_new_tokens']} new tokens, {setup['dtype']}, {machine['cpus_per_run']} CPUs a run; "
+             f"at most {setup['max_new_tokens']} new tokens, {setup.get('precision', setup.get('dtype'))}, {machine['cpus_per_run']} CPUs a run; "
              f"seeds {', '.join(map(str, setup['seeds']))}; [{setup['interval']}].", "",
              "| row | trainer | tokens/s | s/step | held-out KL | greedy agreement |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     metrics = ("completion_tokens_per_s", "step_seconds", "held_out_kl", "greedy_agreement")
@@ -917,15 +1027,22 @@ def render(result: dict, out: Path) -> str:
             lines.append(f"| {name} | {ratio['error']} | | | |")
         else:
             lines.append(f"| {name} ({ratio['trl']}) | " + " | ".join(interval_text(ratio.get(m)) for m in metrics) + " |")
-    lines += ["", "Our rows' phases, median seconds a step after the warm-up step, over seeds:", "",
+    lines += ["", "Phases, median seconds a step after the warm-up step, over seeds (TRL: sample = its generation, "
+              "score = its teacher's forwards, train = the rest of its step):", "",
               "| row | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]  # fmt: skip
     for name, row in result["rows"].items():
         runs = [r for r in row.get("runs", []) if "phase_seconds" in r]
         if runs:
-            medians = [statistics.median(s for r in runs for s in r["phase_seconds"][p][1:]) for p in PHASES]
-            lines.append(f"| {name} | " + " | ".join(f"{m:.3f}" for m in medians) + " |")
+            medians = [phase_median(runs, p) for p in PHASES]
+            lines.append(f"| {name} | " + " | ".join("—" if m is None else f"{m:.3f}" for m in medians) + " |")
     lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), ""]
     return "\n".join(lines)
+
+
+def phase_median(runs: list[dict], phase: str) -> float | None:
+    """The median of a phase's seconds over the runs' steps after the first, or None where no run times it."""
+    seconds = [t for r in runs for t in r["phase_seconds"].get(phase, [])[1:]]
+    return statistics.median(seconds) if seconds else None
 
 
 def interval_text(x: dict | None) -> str:

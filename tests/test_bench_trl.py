@@ -1,9 +1,11 @@
 """The ours-vs-TRL benchmark: the held-out KL, the t intervals, the timed window, the shared-input checks,
 the best-TRL-row ratios, failed rows, and (slow) one TRL row and ours end to end on a tiny pair."""
 
+import functools
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from benchmarks.mopd_vs_trl import (
     timed_window,
 )
 from mopd import stats
+from mopd.precision import bf16_supported
 
 
 def test_reverse_kl_is_the_hand_computed_divergence_on_two_tokens():
@@ -115,6 +118,7 @@ def a_run(**changes) -> dict:
         "prompts_sha256": prompts_digest([[1, 2], [3]]),
         "sampling": {"temperature": 1, "top_p": 1.0, "top_k": None},
         "dtypes": {"trained": "torch.float32", "vllm": "torch.float32"},
+        "autocast": {"student": ["off"], "teacher": ["off"]},
         "cpus": [0],
         "torch_threads": {"MainThread": 1},
     }
@@ -131,12 +135,30 @@ def test_check_run_refuses_a_run_that_did_not_share_the_inputs():
             prompts_sha256=prompts_digest([[3], [1, 2]])
         ),  # the same prompts reordered
         "sampled with": a_run(sampling={"temperature": 1.0, "top_p": 0.95, "top_k": 0}),
-        "not float32": a_run(dtypes={"trained": "torch.float32", "vllm": "torch.bfloat16"}),
+        "dtypes": a_run(dtypes={"trained": "torch.float32", "vllm": "torch.bfloat16"}),
+        "forwards under autocast": a_run(autocast={"student": ["off"], "teacher": ["off", "bfloat16"]}),
         "ran on CPUs": a_run(cpus=[0, 1]),
         "per computing thread": a_run(torch_threads={"MainThread": 1, "mopd-rollouts_0": 2}),
     }
     for reason, run in broken.items():
         assert reason in check_run(run, 2, digest, budget)
+
+
+def test_check_run_holds_a_bf16_run_to_fp32_weights_bf16_engines_and_autocast_in_every_forward():
+    budget = thread_budget("ours", 1, [0, 1])
+    digest = prompts_digest([[1, 2], [3]])
+    bf16 = {"dtypes": {"trained": "torch.float32", "vllm": "torch.bfloat16", "teacher vllm": "torch.bfloat16"},
+            "autocast": {"student": ["bfloat16"], "teacher": ["bfloat16"]}}  # fmt: skip
+    assert check_run(a_run(**bf16), 2, digest, budget, precision="bf16") is None
+    broken = {
+        "fp32 run": a_run(),
+        "bf16 weights (not mixed precision)": a_run(**bf16 | {"dtypes": {"trained": "torch.bfloat16", "vllm": "torch.bfloat16"}}),
+        "an fp32 engine": a_run(**bf16 | {"dtypes": {"trained": "torch.float32", "vllm": "torch.float32"}}),
+        "a teacher forward outside autocast": a_run(**bf16 | {"autocast": {"student": ["bfloat16"], "teacher": ["off", "bfloat16"]}}),
+        "no forward watched": a_run(**bf16 | {"autocast": {}}),
+    }
+    for what, run in broken.items():
+        assert check_run(run, 2, digest, budget, precision="bf16") is not None, what
 
 
 def test_thread_budget_gives_every_row_the_same_cpus_and_splits_them_one_step_off():
@@ -258,30 +280,45 @@ def test_bad_arguments_are_refused_before_any_model_loads(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, tiny_tokenizer):
-    """One seed, two steps of two prompts, no held-out KL: each row in its own process (~35 s on 2 cores)."""
+def a_tiny_pair(tmp_path: Path, tokenizer) -> tuple[Path, Path]:
     from mopd.model import K3HybridForCausalLM, preset_config
     from tests.fakes import seeded_copy
 
     torch.manual_seed(0)
-    K3HybridForCausalLM(
-        preset_config("tiny", num_hidden_layers=2, vocab_size=len(tiny_tokenizer))
-    ).save_pretrained(tmp_path / "student")
-    tiny_tokenizer.save_pretrained(tmp_path / "student")
-    teacher = seeded_copy(tmp_path / "student", tmp_path / "teacher", seed=1)
+    K3HybridForCausalLM(preset_config("tiny", num_hidden_layers=2, vocab_size=len(tokenizer))).save_pretrained(tmp_path / "student")
+    tokenizer.save_pretrained(tmp_path / "student")
+    return tmp_path / "student", seeded_copy(tmp_path / "student", tmp_path / "teacher", seed=1)
+
+
+def bench_tiny_pair(tmp_path: Path, tokenizer, *options: str) -> dict:
+    """One seed, two steps of two prompts, no held-out KL, trl_hf and ours: each row in its own process."""
+    student, teacher = a_tiny_pair(tmp_path, tokenizer)
     out = tmp_path / "trl.json"
-    main(["--student", str(tmp_path / "student"), "--teacher", str(teacher), "--out", str(out), "--configs",
-          "trl_hf,ours", "--seeds", "0", "--steps", "2", "--prompts-per-step", "2", "--eval-tasks", "0"])  # fmt: skip
+    main(["--student", str(student), "--teacher", str(teacher), "--out", str(out), "--configs", "trl_hf,ours",
+          "--seeds", "0", "--steps", "2", "--prompts-per-step", "2", "--eval-tasks", "0", *options])  # fmt: skip
     result = json.loads(out.read_text())
+    assert not [n for n, r in result["rows"].items() if "error" in r], result["rows"]
+    return result
+
+
+@pytest.mark.slow
+def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, tiny_tokenizer):
+    """~35 s on 2 cores."""
+    result = bench_tiny_pair(tmp_path, tiny_tokenizer)
     rows = result["rows"]
-    assert set(rows) == {"trl_hf", "ours"} and not [n for n, r in rows.items() if "error" in r], rows
+    assert set(rows) == {"trl_hf", "ours"}
     runs = [rows[name]["runs"][0] for name in ("trl_hf", "ours")]
     digest = result["setup"]["prompts_sha256"]["0"]
     for run in runs:
         assert run["prompts_sha256"] == digest and run["cpus"] == result["machine"]["cpus"]
         assert run["speed"]["window_batches"] == 1 and run["speed"]["window_tokens"] > 0
         assert run["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        assert run["autocast"] == {"student": ["off"], "teacher": ["off"]}  # read on entering each model's body
+    trl, ours = runs
+    for step in range(2):  # TRL's step splits into its generation, its teacher's forwards and the rest
+        phases = [trl["phase_seconds"][p][step] for p in ("sample", "score", "train")]
+        assert min(phases) > 0 and sum(phases) == pytest.approx(trl["steps"][step][1] - trl["steps"][step][0])
+    assert set(mopd_vs_trl.PHASES) <= set(ours["phase_seconds"])
     assert result["best_trl"] == {"synchronous": "trl_hf", "any": "trl_hf"}
     ratio = result["ours_over_trl"]["ours / best synchronous TRL row"]
     tokens = [r["speed"]["completion_tokens_per_s"] for r in runs]
@@ -292,12 +329,34 @@ def test_trl_distillation_trainer_and_ours_end_to_end_on_a_tiny_pair(tmp_path, t
     assert "machine" in result and result["machine"]["cpu_count"] >= 1
 
 
-def test_the_markdown_summary_holds_each_row_its_ratios_and_our_phases(tmp_path):
+@pytest.mark.slow
+@pytest.mark.skipif(not bf16_supported("cpu"), reason="bf16 rows need a CPU with AVX-512 BF16 or AMX (--precision refuses them elsewhere)")
+def test_both_trainers_run_bf16_autocast_over_fp32_weights_with_a_bf16_sampler(tmp_path, tiny_tokenizer):
+    result = bench_tiny_pair(tmp_path, tiny_tokenizer, "--precision", "bf16")
+    assert result["setup"]["precision"] == "bf16"
+    trl, ours = (result["rows"][name]["runs"][0] for name in ("trl_hf", "ours"))
+    for run in (trl, ours):  # check_run enforced it; read back here as well
+        assert run["autocast"] == {"student": ["bfloat16"], "teacher": ["bfloat16"]}
+        assert run["dtypes"]["trained"] == "torch.float32"
+    assert ours["dtypes"]["vllm"] == "torch.bfloat16"
+
+
+def test_bf16_is_refused_by_name_where_the_cpu_lacks_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(mopd_vs_trl, "check_precision", functools.partial(mopd_vs_trl.check_precision, supported=False))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["--student", str(tmp_path), "--teacher", str(tmp_path), "--out", str(tmp_path / "o.json"), "--precision", "bf16"])
+    assert "--precision: bf16 needs a CPU with AVX-512 BF16 or AMX" in capsys.readouterr().err
+
+
+def test_the_markdown_summary_holds_each_row_its_ratios_and_both_trainers_phases(tmp_path):
     rows = {"ours": row([200.0, 300.0], [1.0, 0.8]), "trl_hf": row([100.0, 150.0], [2.0, 1.6])}
     rows["ours"]["runs"][0]["phase_seconds"] = {key: [9.0, 1.0, 3.0] for key in mopd_vs_trl.PHASES}  # the warm-up left out
     rows["ours"]["runs"][1]["phase_seconds"] = {key: [9.0, 2.0] for key in mopd_vs_trl.PHASES}
+    for run in rows["trl_hf"]["runs"]:
+        run["phase_seconds"] = {"sample": [9.0, 4.0], "score": [9.0, 1.0], "train": [9.0, 5.0]}
     setup = {"student": "S", "teacher": "T", "cell": "general-high", "configs": ["ours", "trl_hf"], "seeds": [0, 1],
-             "steps": 3, "prompts_per_step": 4, "eval_tasks": 0, "max_new_tokens": 162, "dtype": "float32",
+             "steps": 3, "prompts_per_step": 4, "eval_tasks": 0, "max_new_tokens": 162, "precision": "bf16",
              "interval": "95%, Student t, df = seeds - 1"}  # fmt: skip
     result = {"benchmark": "pair mode", "setup": setup, "machine": {"cpus_per_run": 2}, "rows": rows,
               "ours_over_trl": comparisons(rows)}  # fmt: skip
@@ -307,3 +366,5 @@ def test_the_markdown_summary_holds_each_row_its_ratios_and_our_phases(tmp_path)
     assert "| ours | " in text and "| 250.000 [" in text  # the mean of 200 and 300
     assert "| ours / best synchronous TRL row (trl_hf) | 2.000 [2.000, 2.000] |" in text
     assert "| ours | 2.000 | 2.000 | 2.000 | 2.000 | 2.000 |" in text  # median of 1, 3 and 2 after each warm-up
+    assert "| trl_hf | 4.000 | 1.000 | 5.000 | — | — |" in text  # TRL times no rollout wait or weight sync
+    assert "--precision bf16 --out" in text and "new tokens, bf16," in text
