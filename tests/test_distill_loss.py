@@ -5,12 +5,14 @@ import math
 import pytest
 import torch
 
+from mopd.distill import loss as loss_module
 from mopd.distill.loss import (
     extrapolated_teacher,
     full_vocab_reverse_kl,
     importance_weights,
     mopd_loss,
     reverse_kl_advantage,
+    vocab_reverse_kl,
 )
 
 V = 7
@@ -132,3 +134,42 @@ def test_full_vocab_reverse_kl_is_exact_and_zero_at_the_teacher():
     torch.testing.assert_close(grad, analytic_reverse_kl_grad(student_logits, teacher), atol=1e-6, rtol=0)
     same = full_vocab_reverse_kl(teacher[None, None], teacher[None, None], torch.ones(1, 1))
     assert same.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def unfused_reverse_kl(logits, rows, teacher, tokens):
+    """`vocab_reverse_kl` as whole-tensor autograd ops: the reference it must equal."""
+    exact = torch.promote_types(logits.dtype, torch.float32)
+    logp = torch.log_softmax(logits[rows].to(exact), -1)
+    kl = (logp.exp() * (logp - torch.log_softmax(teacher.to(exact), -1))).sum(-1)
+    return kl, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_fused_vocabulary_kl_and_token_logprobs_equal_the_unfused_ones_and_their_gradients(dtype, monkeypatch):
+    """Rows chosen out of order, some logits rows untouched, more positions than one chunk; both outputs weighted
+    in the loss, so the backward of each is checked. The tolerance is the dtype's own (the same math, summed in
+    another order)."""
+    monkeypatch.setattr(loss_module, "KL_ROWS", 4)
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(12, 50, dtype=torch.float64)).to(dtype).requires_grad_()
+    rows = torch.tensor([7, 0, 3, 11, 5, 2, 9, 1, 4])
+    teacher, tokens = 3 * torch.randn(9, 50, dtype=torch.float64), torch.randint(0, 50, (9,))
+    kl_weights, token_weights = torch.rand(9, dtype=torch.float64), torch.rand(9, dtype=torch.float64)
+    outputs = {}
+    for name, fn in {"fused": vocab_reverse_kl, "unfused": unfused_reverse_kl}.items():
+        kl, token_logprobs = fn(logits, rows, teacher, tokens)
+        (grad,) = torch.autograd.grad((kl * kl_weights).sum() + (token_logprobs * token_weights).sum(), logits)
+        outputs[name] = (kl, token_logprobs, grad)
+    tolerance = {"atol": 1e-12, "rtol": 1e-12} if dtype == torch.float64 else {}
+    for fused, unfused in zip(outputs["fused"], outputs["unfused"], strict=True):
+        torch.testing.assert_close(fused.to(unfused.dtype), unfused, **tolerance)
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[rows] = False
+    assert (outputs["fused"][2][untouched] == 0).all()
+
+
+def test_the_fused_vocabulary_kl_passes_gradcheck():
+    torch.manual_seed(1)
+    logits = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    rows, teacher, tokens = torch.tensor([4, 1, 2]), torch.randn(3, 7, dtype=torch.float64), torch.tensor([0, 6, 3])
+    assert torch.autograd.gradcheck(lambda z: vocab_reverse_kl(z, rows, teacher, tokens), (logits,))

@@ -139,3 +139,52 @@ def test_the_k3_hybrid_refuses_packing_at_load(models):
 def test_packing_needs_one_trainer_process():
     with pytest.raises(ValueError, match="packing: true trains in one process"):
         spec(packing=True, trainer_workers=2)
+
+
+def whole_tensor_full_vocab_loss(student: Student, batch, scores, orm, weights):
+    """The exact-KL loss as it was computed before the fused `vocab_reverse_kl`: every completion position's
+    logits gathered, log-softmaxed and compared over whole [B, T, V] tensors (the reference the step must equal)."""
+    from mopd.distill.loss import extrapolated_teacher, full_vocab_reverse_kl, mopd_loss
+    from mopd.distill.student import pad_stack
+
+    spec = student.spec
+    logits = Student.completion_logits(student.model, batch)
+    train = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
+    teacher = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1])
+    if student.reference is not None:
+        with torch.no_grad():
+            reference = torch.log_softmax(Student.completion_logits(student.reference, batch).float(), -1)
+        teacher = extrapolated_teacher(teacher, reference, spec.reward_scale)
+    outcome = mopd_loss(train, batch.rollout_logprobs, train.detach(), batch.mask, importance=spec.importance.mode,
+                        orm_advantages=orm, orm_alpha=spec.orm_alpha, token_weights=weights)  # fmt: skip
+    return full_vocab_reverse_kl(logits, teacher, batch.mask, weights) + outcome.loss, train
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"orm_alpha": 0.5}, {"reward_scale": 1.5}, {"packing": True, "orm_alpha": 0.5}, {"balance_tokens": True}]
+)
+def test_the_fused_full_vocabulary_loss_has_the_whole_tensor_loss_log_probs_and_gradients(models, rollouts, options):
+    """Only the trained positions reach the vocabulary-wide work now; the loss, the trainer's log-probs on trained
+    tokens and every parameter's gradient are those of the whole-tensor computation, to fp32's tolerance."""
+    from mopd.distill.student import orm_advantages, token_weights
+
+    cells = [CELLS[i % 2] for i in range(len(rollouts))]
+    scores = TeacherScorer(models["teacher"]).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=True)
+    student = Student.load(models["student"], spec(full_vocab_kl=True, importance={"mode": "none"}, **options), reference_dir=models["student"])
+    batch = (packed_collate if student.spec.packing else collate)(rollouts, scores, 0)
+    orm = orm_advantages(rollouts, cells)
+    weights = batch.mask * token_weights(rollouts, cells, student.spec.balance_tokens)[:, None]
+    results = []
+    for compute in (student.micro_batch_loss, None):
+        student.model.zero_grad()
+        if compute is None:
+            loss, train = whole_tensor_full_vocab_loss(student, batch, scores, orm, weights)
+        else:
+            loss, train = compute(batch, scores, orm, token_weights(rollouts, cells, student.spec.balance_tokens))
+        loss.backward()
+        results.append((loss.detach(), train.detach() * batch.mask, [p.grad.clone() for p in student.model.parameters()]))
+    (fused_loss, fused_train, fused_grads), (loss, train, grads) = results
+    torch.testing.assert_close(fused_loss, loss)
+    torch.testing.assert_close(fused_train, train)
+    for fused, whole in zip(fused_grads, grads, strict=True):
+        torch.testing.assert_close(fused, whole)

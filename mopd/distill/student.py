@@ -25,10 +25,11 @@ import torch
 from mopd.base.sft import pack
 from mopd.distill.loss import (
     extrapolated_teacher,
-    full_vocab_reverse_kl,
     importance_weights,
+    masked_weights,
     mopd_loss,
     token_metrics,
+    vocab_reverse_kl,
 )
 from mopd.distill.packing import check_packing, packed_rows
 from mopd.distill.scorer import TeacherScores
@@ -140,10 +141,12 @@ class Student:
         `precision` bf16: the forwards run under bf16 autocast; log-probs and the loss are fp32 from the logits."""
         spec = self.spec
         weights = None if row_weights is None else batch.mask * row_weights.to(batch.mask.device)[:, None]
+        if spec.full_vocab_kl:
+            return self.full_vocab_loss(batch, scores, orm, weights)
         with autocast(self.model.device, spec.precision):
             logits = self.completion_logits(self.model, batch)
         train_logprobs = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
-        reference = reference_full = None
+        reference = None
         if self.reference is not None:
             with torch.no_grad(), autocast(self.model.device, spec.precision):
                 reference_full = torch.log_softmax(self.completion_logits(self.reference, batch).float(), -1)
@@ -153,15 +156,47 @@ class Student:
             orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha,
             reference_logprobs=reference, reward_scale=spec.reward_scale, token_weights=weights, rescore=spec.rescore,
         )  # fmt: skip
-        if not spec.full_vocab_kl:
-            return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
-        # the exact KL replaces the sampled-token estimate (ExOPD: to the extrapolated teacher); the ORM term stays
-        teacher_full = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1]).to(logits.device)
-        if reference_full is not None:
-            teacher_full = extrapolated_teacher(teacher_full, reference_full, spec.reward_scale)
-        outcome_args = loss_args | {"reference_logprobs": None, "reward_scale": 1.0}  # a zero KL advantage
+        return mopd_loss(train_logprobs, batch.rollout_logprobs, batch.teacher_logprobs, batch.mask, **loss_args).loss, train_logprobs
+
+    def full_vocab_loss(
+        self, batch: Batch, scores: list[TeacherScores], orm: torch.Tensor, weights: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`micro_batch_loss` with the exact KL in place of the sampled-token estimate (ExOPD: to the extrapolated
+        teacher); the ORM term stays. Only the trained positions (the mask's) reach the vocabulary-wide work, fused
+        (`vocab_reverse_kl`); the trainer's log-probs elsewhere are 0."""
+        spec = self.spec
+        with autocast(self.model.device, spec.precision):
+            logits, rows = self.trained_logits(self.model, batch)
+        trained = batch.mask.bool()
+        teacher = torch.cat([s.full_logprobs[m[: len(s.full_logprobs)]] for s, m in zip(scores, trained, strict=True)])
+        teacher = teacher.to(logits.device)
+        if self.reference is not None:
+            with torch.no_grad(), autocast(self.model.device, spec.precision):
+                reference_logits, _ = self.trained_logits(self.reference, batch)
+            teacher = extrapolated_teacher(teacher, torch.log_softmax(reference_logits[rows].float(), -1), spec.reward_scale)
+        kl, token_logprobs = vocab_reverse_kl(logits, rows, teacher, batch.tokens[trained])
+        train_logprobs = torch.zeros_like(batch.mask).masked_scatter(trained, token_logprobs)
+        kl_loss = (kl * masked_weights(batch.mask, weights)[trained]).sum()
+        outcome_args = dict(
+            importance=spec.importance.mode, low=spec.importance.low, high=spec.importance.high,
+            orm_advantages=orm.to(batch.mask.device), orm_alpha=spec.orm_alpha, token_weights=weights, rescore=spec.rescore,
+        )  # fmt: skip  (a zero KL advantage: the teacher's log-probs are the trainer's)
         outcome_only = mopd_loss(train_logprobs, batch.rollout_logprobs, train_logprobs.detach(), batch.mask, **outcome_args)
-        return full_vocab_reverse_kl(logits, teacher_full, batch.mask, weights) + outcome_only.loss, train_logprobs
+        return kl_loss + outcome_only.loss, train_logprobs
+
+    @staticmethod
+    def trained_logits(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [M, V], rows [N]): the model's logits over the columns that hold completion positions, flattened,
+        and the row of each trained position (the mask's, in order) in them."""
+        trained = batch.mask.bool()
+        if batch.position_ids is not None:  # packed: the rollouts' positions index the flattened rows
+            logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
+            return logits.flatten(0, 1), batch.positions[trained]
+        first, last = int(batch.positions.min()), int(batch.positions.max())
+        keep = torch.arange(first, last + 1, device=batch.input_ids.device)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep).logits
+        row_of = torch.arange(len(keep) * logits.shape[0], device=logits.device).view(logits.shape[0], len(keep))
+        return logits.flatten(0, 1), row_of.gather(1, batch.positions - first)[trained]
 
     @staticmethod
     def completion_logits(model, batch: Batch) -> torch.Tensor:
