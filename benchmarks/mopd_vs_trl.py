@@ -108,7 +108,7 @@ from mopd.artifacts import MetricsLog, write_json_atomic, write_text_atomic
 from mopd.distill.loss import reverse_kl
 from mopd.envs.base import DOMAINS
 from mopd.envs.effort import default_effort_specs
-from mopd.machine import describe_machine
+from mopd.machine import describe_machine, keep_freed_memory
 from mopd.precision import PrecisionError, autocast, check_precision
 from mopd.recipe import DistillSpec
 from mopd.stats import mean_interval
@@ -274,7 +274,9 @@ def thread_budget(config: str, threads: int, cpus: list[int]) -> dict:
 
 def pin(budget: dict) -> None:
     """Confine every thread of this process (and the threads and processes it starts) to the budget's
-    CPUs, and set this thread's torch threads."""
+    CPUs, and set this thread's torch threads. Every row's process keeps its freed memory for reuse
+    (`keep_freed_memory`, which `mopd distill` does itself): the allocator is the machine's, not a trainer's."""
+    keep_freed_memory()
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(task), budget["cpus"])

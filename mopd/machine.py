@@ -1,10 +1,17 @@
-"""What a benchmark ran on; every benchmark JSON carries it, since numbers mean little without it."""
+"""The machine a process runs on: what a benchmark ran on (every benchmark JSON carries it, since numbers mean
+little without it), the device a recipe's `device` resolves to, and the process's memory allocator settings."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 from typing import Any
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit machines
 
 
 def describe_machine() -> dict[str, Any]:
@@ -28,3 +35,19 @@ def resolve_device(device: str) -> str:
     if device != "auto":
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def keep_freed_memory() -> bool:
+    """Have this process's allocator keep freed blocks for reuse instead of giving them back to the OS.
+
+    By default glibc's malloc maps each block of its dynamic threshold or more (from 128 KiB) afresh and trims the
+    heap's top as soon as it is freed, so a training step that allocates the same large tensors every step (a
+    49k-vocabulary's logits and their chunks, activations) page-faults all of that memory in again, step after step:
+    on a 2-core CPU, whole-vocabulary passes ran several times slower than the memory's bandwidth. Blocks up to
+    32 MiB now come from the heap, and the heap is not trimmed, so a process holds its peak memory. Returns whether it
+    applied (False off glibc, where nothing changes)."""
+    libc = ctypes.util.find_library("c")
+    if libc is None or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(libc).mallopt
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1))

@@ -54,7 +54,7 @@ from mopd.envs import get_env, prompt_contents
 from mopd.envs.base import DOMAINS, Task
 from mopd.envs.effort import EffortSpec
 from mopd.envs.splits import TRAINED_TEXT, read_trained_on, task_keys, write_trained_on
-from mopd.machine import resolve_device
+from mopd.machine import keep_freed_memory, resolve_device
 from mopd.model.export import qat_start
 from mopd.precision import check_precision
 from mopd.recipe import DistillSpec, sampler_dtype
@@ -160,6 +160,7 @@ def train_mopd(
 
     start_step, start_dir = last_checkpoint(out_dir)
     device = resolve_device(device)
+    keep_freed_memory()  # each step allocates the same large tensors again: reuse them, do not page them in anew
     teacher_gpus = spec.teacher_num_gpus if device == "cuda" else 0.0
     for where in sorted({device, "cuda" if teacher_gpus else "cpu"}):  # the student's device and the teachers'
         check_precision(spec.precision, where, "distill.precision")
