@@ -80,7 +80,10 @@ Summary: per row, the mean over seeds and its 95% interval (Student t, df = seed
 tokens/s, s/step, held-out KL and greedy agreement. The best TRL row has the highest mean tokens/s
 among the TRL rows that ran. `ours_over_trl`: per seed ratios (tokens/s, s/step, KL, agreement), then
 their mean and t interval, for ours ÷ the best synchronous TRL row (trl_hf, trl_vllm, gkd), ours_async and
-ours_actor ÷ trl_async and ÷ the best TRL row; a comparison whose TRL row did not run holds why.
+ours_actor ÷ trl_async and ÷ the best TRL row; a comparison whose TRL row did not run holds why. A held-out ratio is
+undefined where a TRL run scored 0 (agreement can); the paired differences ours − TRL of the held-out KL and
+agreement are given beside the ratios. Each finished (row, seed) run is written to OUT.partial.json as it
+ends, so a crash loses none; `--resume` reruns only the runs missing there.
 
 `--preset-small` is the speed-only comparison at ~27M parameters: the `small` preset randomly
 initialised as the student and a differently seeded copy as the teacher, no held-out KL.
@@ -766,8 +769,13 @@ def ratios(ours: dict, trl: dict) -> dict:
         "step_seconds": mean_interval([o["speed"]["step_seconds_median"] / t["speed"]["step_seconds_median"] for o, t in pairs]),
     }  # fmt: skip
     for key in HELD_OUT:
-        if all(key in o and key in t for o, t in pairs):
+        if not all(key in o and key in t for o, t in pairs):
+            continue
+        if any(t[key] == 0 for _, t in pairs):  # an agreement of 0: no ratio; the difference below still holds
+            out[key] = {"mean": None, "low": None, "high": None, "undefined": f"a TRL run's {key} is 0"}
+        else:
             out[key] = mean_interval([o[key] / t[key] for o, t in pairs])
+        out[f"{key}_difference"] = mean_interval([o[key] - t[key] for o, t in pairs])  # ours − TRL, paired by seed
     return out
 
 
@@ -862,18 +870,41 @@ def bench(student: Path, teacher: Path, work: Path, args: argparse.Namespace) ->
             args.untrained = in_fresh_process(measure_eval, student, teacher, cell, args.eval_tasks, budget, reference)
         except Exception as err:
             args.untrained = {"error": f"{type(err).__name__}: {err}"}
-    rows = {}
+    rows, done = {}, getattr(args, "done", {})
     for config in args.configs:
-        runs = [
-            one_run(config, student, teacher, work, seed, args, prompts[seed], digests[seed], stop_ids, reference)
-            for seed in args.seeds
-        ]
+        runs = []
+        for seed in args.seeds:
+            run = done.get((config, seed)) or one_run(
+                config, student, teacher, work, seed, args, prompts[seed], digests[seed], stop_ids, reference
+            )
+            runs.append(run)
+            if getattr(args, "out", None) is not None:
+                save_partial(args.out, config, run)
         rows[config] = {
             "trainer": RUNNERS[config][2],
             "budget": thread_budget(config, args.threads, args.cpus),
             **summarise(runs),
         }
     return rows, digests
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_suffix(".partial.json")
+
+
+def save_partial(out: Path, config: str, run: dict) -> None:
+    """Each finished (row, seed) run as it ends, so that a crash loses none of them (`--resume` reuses them)."""
+    path = partial_path(out)
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    runs = [r for r in saved.get(config, []) if r["seed"] != run["seed"]]
+    write_json_atomic(path, saved | {config: [*runs, run]})
+
+
+def finished_runs(out: Path) -> dict[tuple[str, int], dict]:
+    """The runs `save_partial` kept that did not fail, by (row, seed)."""
+    path = partial_path(out)
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    return {(config, r["seed"]): r for config, runs in saved.items() for r in runs if "error" not in r}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -930,6 +961,11 @@ def main(argv: list[str] | None = None) -> None:
         "--preset-small", action="store_true", help="speed only, ~27M random-init small preset pair"
     )
     parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="reuse the finished runs of an earlier invocation with the same --out (OUT.partial.json, written as "
+        "each run ends); only the missing or failed (row, seed) runs are run",
+    )
     args = parser.parse_args(argv)
     if args.render is not None:
         write_markdown(args.render, json.loads(args.render.read_text()))
@@ -969,6 +1005,9 @@ def main(argv: list[str] | None = None) -> None:
     if domain not in DOMAINS or effort not in default_effort_specs():
         parser.error(f"--cell {args.cell!r}: give DOMAIN-EFFORT, of {', '.join(DOMAINS)} and {', '.join(default_effort_specs())}")
     args.stop_ids = stop_ids_of(args.student)
+    if not args.resume and partial_path(args.out).is_file():
+        partial_path(args.out).unlink()  # a fresh benchmark: no runs of an earlier one mixed in
+    args.done = finished_runs(args.out) if args.resume else {}
 
     with tempfile.TemporaryDirectory(prefix="mopd-bench-trl-") as tmp:
         work = args.work or Path(tmp)
@@ -993,6 +1032,7 @@ def main(argv: list[str] | None = None) -> None:
         }  # fmt: skip
     write_json_atomic(args.out, result)
     write_markdown(args.out, result)
+    partial_path(args.out).unlink(missing_ok=True)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}
                      | {"rows": {n: {k: v for k, v in r.items() if k != "runs"} for n, r in rows.items()}}, indent=2))  # fmt: skip
 
@@ -1029,6 +1069,12 @@ def render(result: dict, out: Path) -> str:
             lines.append(f"| {name} | {ratio['error']} | | | |")
         else:
             lines.append(f"| {name} ({ratio['trl']}) | " + " | ".join(interval_text(ratio.get(m)) for m in metrics) + " |")
+    differences = {name: r for name, r in result["ours_over_trl"].items() if "held_out_kl_difference" in r}
+    if differences:
+        lines += ["", "Held-out, ours − TRL, per seed then mean [interval]:", "", "| ours − TRL | held-out KL | greedy agreement |",
+                  "|---|---:|---:|"]  # fmt: skip
+        for name, r in differences.items():
+            lines.append(f"| {name} ({r['trl']}) | " + " | ".join(interval_text(r.get(f"{m}_difference")) for m in HELD_OUT) + " |")
     lines += ["", "Phases, median seconds a step after the warm-up step, over seeds (TRL: sample = its generation, "
               "score = its teacher's forwards, train = the rest of its step):", "",
               "| row | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]  # fmt: skip

@@ -1,6 +1,7 @@
 """The ours-vs-TRL benchmark: the held-out KL, the t intervals, the timed window, the shared-input checks,
 the best-TRL-row ratios, failed rows, and (slow) one TRL row and ours end to end on a tiny pair."""
 
+import contextlib
 import functools
 import json
 import math
@@ -232,6 +233,39 @@ def test_best_trl_row_is_the_fastest_that_ran_and_ratios_pair_seeds():
 def test_ratios_are_means_of_per_seed_ratios_not_ratios_of_means():
     ours, trl = row([100.0, 400.0], [1.0, 1.0]), row([50.0, 400.0], [1.0, 1.0])
     assert ratios(ours, trl)["completion_tokens_per_s"]["mean"] == pytest.approx((2.0 + 1.0) / 2)
+
+
+def test_a_trl_agreement_of_zero_gives_no_ratio_but_the_paired_difference():
+    ours, trl = row([1.0, 1.0], [1.0, 1.0]), row([1.0, 1.0], [1.0, 1.0])
+    for r, agreement in zip([*ours["runs"], *trl["runs"]], [0.04, 0.02, 0.0, 0.01], strict=True):
+        r["greedy_agreement"] = agreement
+    out = ratios(summarise(ours["runs"]), summarise(trl["runs"]))
+    assert out["greedy_agreement"]["mean"] is None and "is 0" in out["greedy_agreement"]["undefined"]
+    assert out["greedy_agreement_difference"]["mean"] == pytest.approx((0.04 + 0.01) / 2)
+
+
+def test_every_finished_run_is_kept_as_it_ends_and_resume_reuses_only_those(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(student, teacher, out, seed, *args):
+        calls.append(seed)
+        if seed == 1 and len(calls) == 2:
+            raise RuntimeError("killed")
+        return {"seed": seed}
+
+    monkeypatch.setattr(mopd_vs_trl, "one_run", lambda config, s, t, w, seed, *args: fake(s, t, w, seed))
+    monkeypatch.setattr(mopd_vs_trl, "step_prompts", lambda *args: [[{"text": "x", "ids": [1]}]])
+    out = tmp_path / "b.json"
+    args = mopd_vs_trl.argparse.Namespace(configs=["ours"], seeds=[0, 1, 2], steps=1, prompts_per_step=1, threads=1,
+                                          cpus=[0], eval_tasks=0, out=out)  # fmt: skip
+    with pytest.raises(RuntimeError, match="killed"):
+        mopd_vs_trl.bench(tmp_path, tmp_path, tmp_path, args)
+    assert mopd_vs_trl.finished_runs(out) == {("ours", 0): {"seed": 0}}  # seed 0 was kept before the crash
+    args.done = mopd_vs_trl.finished_runs(out)
+    with contextlib.suppress(Exception):  # fake records have no speed to summarise
+        mopd_vs_trl.bench(tmp_path, tmp_path, tmp_path, args)
+    assert calls == [0, 1, 1, 2]  # the resumed benchmark ran seeds 1 and 2 only
+    assert set(mopd_vs_trl.finished_runs(out)) == {("ours", 0), ("ours", 1), ("ours", 2)}
 
 
 def test_comparisons_say_why_when_the_trl_row_is_missing():

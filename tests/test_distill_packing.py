@@ -141,31 +141,13 @@ def test_packing_needs_one_trainer_process():
         spec(packing=True, trainer_workers=2)
 
 
-def whole_tensor_full_vocab_loss(student: Student, batch, scores, orm, weights):
-    """The exact-KL loss as it was computed before the fused `vocab_reverse_kl`: every completion position's
-    logits gathered, log-softmaxed and compared over whole [B, T, V] tensors (the reference the step must equal)."""
-    from mopd.distill.loss import extrapolated_teacher, full_vocab_reverse_kl, mopd_loss
-    from mopd.distill.student import pad_stack
-
-    spec = student.spec
-    logits = Student.completion_logits(student.model, batch)
-    train = torch.log_softmax(logits.float(), -1).gather(-1, batch.tokens[..., None]).squeeze(-1)
-    teacher = pad_stack([s.full_logprobs for s in scores], batch.mask.shape[1])
-    if student.reference is not None:
-        with torch.no_grad():
-            reference = torch.log_softmax(Student.completion_logits(student.reference, batch).float(), -1)
-        teacher = extrapolated_teacher(teacher, reference, spec.reward_scale)
-    outcome = mopd_loss(train, batch.rollout_logprobs, train.detach(), batch.mask, importance=spec.importance.mode,
-                        orm_advantages=orm, orm_alpha=spec.orm_alpha, token_weights=weights)  # fmt: skip
-    return full_vocab_reverse_kl(logits, teacher, batch.mask, weights) + outcome.loss, train
-
-
 @pytest.mark.parametrize(
     "options", [{}, {"orm_alpha": 0.5}, {"reward_scale": 1.5}, {"packing": True, "orm_alpha": 0.5}, {"balance_tokens": True}]
 )
 def test_the_fused_full_vocabulary_loss_has_the_whole_tensor_loss_log_probs_and_gradients(models, rollouts, options):
     """Only the trained positions reach the vocabulary-wide work now; the loss, the trainer's log-probs on trained
     tokens and every parameter's gradient are those of the whole-tensor computation, to fp32's tolerance."""
+    from benchmarks.distill_items import whole_tensor_full_vocab_loss
     from mopd.distill.student import orm_advantages, token_weights
 
     cells = [CELLS[i % 2] for i in range(len(rollouts))]
