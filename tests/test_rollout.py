@@ -113,7 +113,8 @@ def test_ray_actor_serves_the_same_interface(checkpoint, engine):
     moved = {name: p.detach() + 0.05 * torch.randn_like(p) for name, p in local_engine.model.named_parameters()}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        actor = rollout_actor(checkpoint, backend="hf", max_model_len=MAX_MODEL_LEN)
+        actor = rollout_actor(checkpoint, backend="hf", max_model_len=MAX_MODEL_LEN, num_cpus=2)
+        assert ray.get(actor.describe.remote())["torch_threads"] == 2  # its CPUs, not the environment's OMP_NUM_THREADS
         remote = ray.get(actor.generate.remote(prompts, 1, greedy(4, ignore_eos=True)))
         assert ray.get(actor.update_weights.remote({})) == 1
         assert ray.get(actor.policy_version.remote()) == 1

@@ -22,7 +22,9 @@ from mopd.rollout.interface import DEFAULT_SAMPLING, Sample, Sampling
 
 
 class EngineActor:
-    def __init__(self, model_dir: str | Path, backend: str = "vllm", **engine_kwargs):
+    def __init__(self, model_dir: str | Path, backend: str = "vllm", threads: int | None = None, **engine_kwargs):
+        if threads:  # the actor's CPUs, whatever OMP_NUM_THREADS the driver's environment passed down
+            torch.set_num_threads(threads)
         self.engine = create_engine(model_dir, backend, **engine_kwargs)
 
     def generate(self, prompt_ids: list[list[int]], n: int = 1, sampling: Sampling = DEFAULT_SAMPLING) -> list[list[Sample]]:
@@ -52,10 +54,12 @@ class EngineActor:
 
 
 def rollout_actor(model_dir: str | Path, backend: str = "vllm", num_cpus: float = 1, **engine_kwargs):
-    """Start an engine in a Ray actor (Ray must be initialised) and return the actor handle."""
+    """Start an engine in a Ray actor (Ray must be initialised) and return the actor handle; its torch threads are
+    its `num_cpus` (at least one)."""
     import ray
 
-    return ray.remote(num_cpus=num_cpus)(EngineActor).remote(str(model_dir), backend, **engine_kwargs)
+    threads = max(1, int(num_cpus))
+    return ray.remote(num_cpus=num_cpus)(EngineActor).remote(str(model_dir), backend, threads, **engine_kwargs)
 
 
 class RemoteEngine:
