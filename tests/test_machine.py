@@ -32,5 +32,6 @@ def test_a_step_reuses_the_memory_the_step_before_freed():
         assert applied == "False"
         return
     assert applied == "True"
-    assert default_faults > 3 * 16 * 4 * 2**20 // 4096 // 2  # glibc's default: each step's 64 MiB paged in again
-    assert kept_faults < 100  # kept: the steps run in memory already mapped
+    # glibc's default pages memory in again: each step's 64 MiB (15,600 faults) where the heap's top is trimmed,
+    # about a thousand over three steps where other blocks pin it; kept, the steps run in memory already mapped
+    assert kept_faults < 100 < default_faults
