@@ -225,7 +225,8 @@ def add_distill_parser(subparsers) -> None:
              "default %(default)s (no Ray to start), measured at 2 CPUs over 3 seeds: on the trained tiny pair process "
              "sampled 159 tokens/s and none 120, with wide intervals; on SmolLM2-135M and its 15-layer student a step "
              "took 21.1 s with process and 20.4 s with none, the trainer on one core losing what sampling beside it "
-             "saves (docs/results/pair-trl/{tiny,smollm2}.md)",
+             "saves (docs/results/pair-trl/{tiny,smollm2}.md); in bf16 on a CPU with AVX-512 BF16, 6.986 s with process "
+             "and 7.227 with none (smollm2-bf16.md), within noise",
     )  # fmt: skip
     parser.add_argument("--eval-tasks", type=int, default=EVAL_TASKS,
                         help="held-out tasks scored into eval.json; 0 skips (default %(default)s, pair mode's own: "
