@@ -15,23 +15,26 @@ def step():  # a step's worth of 4 MiB tensors, all freed at its end
 applied = keep_freed_memory() if sys.argv[1] == "keep" else None
 step(); step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-step(); step(); step()
+for _ in range(5):
+    step()
 print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def page_faults_of_three_steps(mode: str) -> tuple[str, int]:
+def page_faults_of_five_steps(mode: str) -> tuple[str, int]:
     out = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True, check=True).stdout.split()
     return out[0], int(out[1])
 
 
 def test_a_step_reuses_the_memory_the_step_before_freed():
-    _, default_faults = page_faults_of_three_steps("default")
-    applied, kept_faults = page_faults_of_three_steps("keep")
+    """Five steps of 64 MiB each, kept: fewer page faults in all than one step's memory (a one-off of about a thousand
+    was seen, from whatever else the process maps then). glibc's default pages each step in again where the heap's top
+    gets trimmed (tens of thousands of faults over five steps on this project's machines) but not where other blocks pin it, so it is not asserted."""
+    _, default_faults = page_faults_of_five_steps("default")
+    applied, kept_faults = page_faults_of_five_steps("keep")
     if platform.libc_ver()[0] != "glibc":
         assert applied == "False"
         return
     assert applied == "True"
-    # glibc's default pages memory in again: each step's 64 MiB (15,600 faults) where the heap's top is trimmed,
-    # about a thousand over three steps where other blocks pin it; kept, the steps run in memory already mapped
-    assert kept_faults < 100 < default_faults
+    one_step = 16 * 4 * 2**20 // 4096
+    assert kept_faults < one_step, f"{kept_faults} page faults over five kept steps (default: {default_faults})"
