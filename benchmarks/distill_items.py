@@ -167,29 +167,31 @@ def whole_tensor_full_vocab_loss(student: Student, batch, scores, orm, weights):
     return full_vocab_reverse_kl(logits, teacher, batch.mask, weights) + outcome.loss, train
 
 
-def bench_head(student: Path, teacher: Path, rollouts: list[Rollout], repeats: int, precision: str) -> dict:
-    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
-    scores = TeacherScorer(teacher, precision=precision).score(prompts, completions, full=True)
+def exact_kl_steps(student: Path, teacher: Path, rollouts: list[Rollout], precision: str) -> tuple[callable, callable, Student]:
+    """Two students loaded alike and the exact-KL train step of each on the teacher's full scores of `rollouts`:
+    (today's step, the step of the student to change, that student)."""
+    scores = TeacherScorer(teacher, precision=precision).score([r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts], full=True)
     cells = [cell_of(r.task) for r in rollouts]
     spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), teacher_actors=False, precision=precision)
-    completion_only, every_position = (Student.load(student, spec, reference_dir=student) for _ in range(2))
-    every_position.trained_logits = full_head_trained_logits
-    steps = {"every_position": lambda: every_position.train_step(rollouts, scores, cells),
-             "completion_only": lambda: completion_only.train_step(rollouts, scores, cells)}  # fmt: skip
-    tokens = sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    return {"prompt_tokens": sum(map(len, prompts)), **summary(alternate(steps, repeats), "every_position", "completion_only", tokens)}
+    today, changed = (Student.load(student, spec, reference_dir=student) for _ in range(2))
+    return (lambda: today.train_step(rollouts, scores, cells)), (lambda: changed.train_step(rollouts, scores, cells)), changed
+
+
+def bench_head(student: Path, teacher: Path, rollouts: list[Rollout], repeats: int, precision: str) -> dict:
+    completion_only, every_position, changed = exact_kl_steps(student, teacher, rollouts, precision)
+    changed.trained_logits = full_head_trained_logits
+    steps = {"every_position": every_position, "completion_only": completion_only}
+    tokens = sum(len(r.prompt_ids) + len(r.token_ids) for r in rollouts)
+    prompt_tokens = sum(len(r.prompt_ids) for r in rollouts)
+    return {"prompt_tokens": prompt_tokens, **summary(alternate(steps, repeats), "every_position", "completion_only", tokens)}
 
 
 def bench_fused(student: Path, teacher: Path, rollouts: list[Rollout], repeats: int, precision: str) -> dict:
     """The student's step with the exact KL: whole-tensor (before) against fused over the trained positions."""
-    prompts, completions = [r.prompt_ids for r in rollouts], [r.token_ids for r in rollouts]
-    scores = TeacherScorer(teacher, precision=precision).score(prompts, completions, full=True)
-    cells = [cell_of(r.task) for r in rollouts]
-    spec = DistillSpec(mix=dict.fromkeys(cells, 1.0), teacher_actors=False, precision=precision)
-    fused, whole = (Student.load(student, spec, reference_dir=student) for _ in range(2))
-    whole.full_vocab_loss = functools.partial(whole_tensor_full_vocab_loss, whole)
-    steps = {"whole_tensor": lambda: whole.train_step(rollouts, scores, cells), "fused": lambda: fused.train_step(rollouts, scores, cells)}
-    return summary(alternate(steps, repeats), "whole_tensor", "fused", sum(map(len, completions)))
+    fused, whole_tensor, changed = exact_kl_steps(student, teacher, rollouts, precision)
+    changed.full_vocab_loss = functools.partial(whole_tensor_full_vocab_loss, changed)
+    steps = {"whole_tensor": whole_tensor, "fused": fused}
+    return summary(alternate(steps, repeats), "whole_tensor", "fused", sum(len(r.token_ids) for r in rollouts))
 
 
 def main(argv: list[str] | None = None) -> None:
