@@ -42,8 +42,8 @@ def keep_freed_memory() -> bool:
 
     By default glibc's malloc maps each block of its dynamic threshold or more (from 128 KiB) afresh and trims the
     heap's top as soon as it is freed, so a training step that allocates the same large tensors every step (a
-    49k-vocabulary's logits and their chunks, activations) page-faults all of that memory in again, step after step:
-    on a 2-core CPU, whole-vocabulary passes ran several times slower than the memory's bandwidth. Blocks up to
+    49k-vocabulary's logits and their chunks, activations) page-faults all of that memory in again, step after step
+    (`tests/test_machine.py` counts them). Blocks up to
     32 MiB now come from the heap, and the heap is not trimmed, so a process holds its peak memory. Returns whether it
     applied (False off glibc, where nothing changes)."""
     libc = ctypes.util.find_library("c")

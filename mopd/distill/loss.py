@@ -138,9 +138,8 @@ def vocab_reverse_kl(
     The numbers of `reverse_kl(log_softmax(z.float()), log_softmax(t.float()))` and `log_softmax(z).gather(token)`,
     but each vocabulary-wide pass runs over `KL_ROWS` positions at a time while they are in cache, and the KL's
     backward is its closed form ∂KL/∂z = πθ ⊙ (log πθ − log πT − KL), kept from the forward (rounded to the
-    logits' dtype once, at the end, as autograd rounds it). Done unfused, with SmolLM2's 49k vocabulary
-    the loss spent about a second of a bf16 step in whole-tensor passes and copies (log-softmaxes, exp, gathers
-    and their backward). `rows` must be distinct."""
+    logits' dtype once, at the end, as autograd rounds it). Against whole-tensor passes over SmolLM2's 49k
+    vocabulary: `benchmarks/distill_items.py --items fused`. `rows` must be distinct."""
     return _VocabReverseKL.apply(logits, rows, teacher_logits, tokens)
 
 
