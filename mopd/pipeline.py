@@ -26,6 +26,7 @@ from mopd.artifacts import config_hash, read_json, set_aside, write_json_atomic
 from mopd.compute import cpu_seconds, device_of
 from mopd.envs.effort import hashed_effort
 from mopd.envs.sandbox import describe_backend, resolve_backend
+from mopd.machine import release_freed_memory
 from mopd.recipe import Recipe
 
 console = Console(stderr=True)
@@ -85,6 +86,7 @@ class Pipeline:
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(stage_dir / "started.json", {"name": stage.name, "hash": digest})
         compute = stage.run(context) or {}
+        release_freed_memory()  # the next stage's actors need what this one freed
         seconds = round(time.time() - start, 1)
         marker = {"name": stage.name, "hash": digest, "seconds": seconds}
         marker["compute"] = {
