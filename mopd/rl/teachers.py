@@ -36,6 +36,7 @@ from mopd.cluster import StatusLines, run_in_slots, slots, start_ray
 from mopd.compute import checkpoint_active_parameters, steps_compute, total_compute
 from mopd.envs.effort import hashed_effort
 from mopd.envs.tokenizer import transcript_text
+from mopd.machine import release_freed_memory
 from mopd.recipe import CELLS, Recipe, RecipeError, load_teacher_specs, resolve_path
 from mopd.rl.evaluate import evaluate_cell
 from mopd.rl.grpo import checkpoint_step, last_checkpoint, teacher_effort, teacher_env, train_teacher
@@ -138,7 +139,12 @@ class TeacherWorker:
     cells' `max_restarts` add up to."""
 
     def run(self, recipe: Recipe, spec, init: str, out_dir: str) -> dict[str, Any]:
-        return run_teacher(recipe, spec, init, out_dir)
+        try:
+            return run_teacher(recipe, spec, init, out_dir)
+        finally:
+            # the next cell starts beside this worker's idle memory, not its last cell's peak (SmolLM2: a worker
+            # held 12.5 GB in its third cell when Ray's memory monitor killed its neighbour on a 24 GB machine)
+            release_freed_memory()
 
 
 def start_workers(specs: list, slots: int) -> list:
