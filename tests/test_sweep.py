@@ -138,13 +138,18 @@ def test_the_pooled_row_compares_the_baseline_and_accuracies_stay_in_0_1(tmp_pat
     for seed, run in runs.items():
         report = json.loads((run / "bench" / "report.json").read_text())
         rng = random.Random(100 + seed)
-        report["models"].append({"name": "mixed_rl", "role": "baseline", "cell": None})
+        # a run writes mixed RL as a baseline and the checkpoint its base was warmed up from as a model
+        report["models"] += [{"name": "mixed_rl", "role": "baseline", "cell": None}, {"name": "pretrained", "role": "model", "cell": None}]
         for r in [r for r in report["results"] if r["model"] == "base"]:
             report["results"].append({**r, "model": "mixed_rl", "task_rewards": [float(rng.random() < 0.4) for _ in range(TASKS)]})
+            report["results"].append({**r, "model": "pretrained", "task_rewards": [0.0] * TASKS})
         (run / "bench" / "report.json").write_text(json.dumps(report))
-    pooled = summarise(runs)["pooled"]
+    summary = summarise(runs)
+    pooled = summary["pooled"]
+    assert summary["baselines"] == ["mixed_rl", "pretrained"]
     assert pooled["mixed_rl"]["low"] < 0.4 < pooled["mixed_rl"]["high"]
     assert pooled["student_minus_mixed_rl"]["mean"] == pytest.approx(pooled["student"]["mean"] - pooled["mixed_rl"]["mean"])
+    assert pooled["pretrained"]["mean"] == 0.0 and pooled["student_minus_pretrained"]["mean"] == pytest.approx(pooled["student"]["mean"])
     floor = [[1.0] + [0.0] * 19, [0.0] * 20, [0.0] * 20]  # one right answer in 60: t's interval dips below 0
     assert two_way(floor).low < 0 and accuracy(floor).low == 0.0 and accuracy(floor).mean == two_way(floor).mean
 

@@ -55,7 +55,8 @@ def summarise(runs: dict[int, Path]) -> dict[str, Any]:
     check_same_suite(reports)
     first = next(iter(reports.values()))
     cells = suite_cells(first)
-    baselines = sorted({m["name"] for m in first["models"] if m["role"] == "baseline"})
+    # every model beside the base, its teachers and its student: mixed RL, the pretrained checkpoint of a warm-up
+    baselines = sorted({m["name"] for m in first["models"] if m["role"] not in ("base", "teacher", "student")})
     summary = {
         "seeds": list(reports),
         "runs": {str(seed): run_facts(runs[seed], report) for seed, report in reports.items()},
