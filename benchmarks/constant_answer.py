@@ -21,18 +21,13 @@ from collections import Counter
 
 from mopd.artifacts import read_json, write_json_atomic
 from mopd.envs import get_env
-from mopd.envs.agent.env import build_database, open_plain
-from mopd.envs.agent.families import FAMILIES
+from mopd.envs.agent.env import question_answer
 from mopd.recipe import load_recipe
-
-
-def true_answer(task) -> int | None:
-    return FAMILIES[task.meta["family"]].apply(open_plain(build_database(task.meta["db"])), task.meta["goal"])
 
 
 def cell_check(env, suite: dict, effort: str, rows: list[dict]) -> dict:
     tasks = env.sample(suite["n"], suite["seeds"][0], suite["split"], effort)
-    answers = {task.meta["content_hash"]: true_answer(task) for task in tasks}
+    answers = {task.meta["content_hash"]: question_answer(task.meta) for task in tasks}
     majority, count = Counter(answers.values()).most_common(1)[0]
     models = {}
     for row in rows:

@@ -3,8 +3,9 @@
 import json
 from collections import Counter
 
-from benchmarks.constant_answer import main, true_answer
+from benchmarks.constant_answer import main
 from mopd.envs import get_env
+from mopd.envs.agent.env import question_answer
 from mopd.recipe import load_recipe
 
 RECIPE = "recipes/smollm2.yaml"
@@ -13,7 +14,7 @@ RECIPE = "recipes/smollm2.yaml"
 def test_rewards_of_a_constant_answer_match_on_every_task(tmp_path):
     suite = {"n": 16, "seeds": [1001], "split": "test", "samples": 1, "efforts": ["max"]}
     tasks = get_env("agent", **load_recipe(RECIPE).env_options("agent")).sample(16, 1001, "test", "max")
-    answers = [true_answer(task) for task in tasks]
+    answers = [question_answer(task.meta) for task in tasks]
     common, count = Counter(answers).most_common(1)[0]
     keys = [task.meta["content_hash"] for task in tasks]
     rows = [  # always says the common answer; always right

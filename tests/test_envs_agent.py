@@ -331,3 +331,23 @@ def test_order_diff_subtracts_on_paper_the_first_step_at_high_and_every_step_at_
             written = {"low": [], "high": lines[:1], "max": lines}[effort]
             assert last_thought.endswith("\n".join(written)), (effort, last_thought)
             assert all(line not in last_thought for line in lines if line not in written)
+
+
+def test_max_answer_share_caps_how_many_questions_one_answer_answers():
+    """order_diff's differences lean to 1 (more than half of a split's draws); with the cap no answer answers more
+    than its share of a draw, the draw stays deterministic, and no cap leaves the draws as they were."""
+    from collections import Counter
+
+    from mopd.envs.agent.env import question_answer
+
+    skewed = AgentEnv(families=["order_diff"], max_lookups=3).sample(32, 1001, "test", "max")
+    capped_env = AgentEnv(families=["order_diff"], max_lookups=3, max_answer_share=0.25)
+    capped = capped_env.sample(32, 1001, "test", "max")
+    assert Counter(question_answer(t.meta) for t in skewed).most_common(1)[0][1] > 8  # the skew the cap is for
+    assert Counter(question_answer(t.meta) for t in capped).most_common(1)[0][1] <= 8
+    assert [t.id for t in capped] == [t.id for t in capped_env.sample(32, 1001, "test", "max")]
+    assert [t.id for t in AgentEnv(families=["order_diff"], max_lookups=3, max_answer_share=None).sample(32, 1001, "test", "max")] == [
+        t.id for t in skewed
+    ]
+    with pytest.raises(ValueError, match="max_answer_share=0"):
+        AgentEnv(max_answer_share=0)

@@ -4,8 +4,10 @@ against the database the verifier writes itself, and the expert's transcripts.""
 from __future__ import annotations
 
 import json
+import math
 import random
 import sqlite3
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,13 +61,17 @@ class AgentEnv:
                  n_products: int = 30, n_customers: int = 15, n_orders: int = 60, max_turns: int = 16,
                  max_rows: int = 50, max_chars: int = 4000, max_statement_steps: int = 20_000_000,
                  max_statement_seconds: float = 2.0, system_prompt: str = "full",
-                 scaffolds: str | list[str] = FIXED):
+                 scaffolds: str | list[str] = FIXED, max_answer_share: float | None = None):
         self.families = tuple(families or FAMILIES)
         unknown = [name for name in self.families if name not in FAMILIES]
         if unknown:
             raise ValueError(f"AgentEnv families: unknown {unknown}; known: {sorted(FAMILIES)}")
         if not 1 <= max_lookups <= 3:
             raise ValueError(f"AgentEnv max_lookups={max_lookups}: must be 1, 2 or 3")
+        # a cap on the share of a draw's questions with one answer: where one number answers most of them (order_diff:
+        # a difference of 1), a policy that always says it scores that share without reading the database
+        if max_answer_share is not None and not 0 < max_answer_share <= 1:
+            raise ValueError(f"AgentEnv max_answer_share={max_answer_share}: must be in (0, 1], or null for no cap")
         if system_prompt not in SYSTEM_PROMPTS:
             raise ValueError(f"AgentEnv system_prompt={system_prompt!r}: must be one of {sorted(SYSTEM_PROMPTS)}")
         check_choice(scaffolds, "AgentEnv scaffolds")
@@ -73,6 +79,7 @@ class AgentEnv:
         self.system_prompt = system_prompt
         self.scaffolds = scaffolds
         self.max_lookups = max_lookups
+        self.max_answer_share = max_answer_share
         self.sizes = {"n_products": n_products, "n_customers": n_customers, "n_orders": n_orders}
         self.max_turns = max_turns
         self.max_rows, self.max_chars = max_rows, max_chars
@@ -84,16 +91,19 @@ class AgentEnv:
         check_split(split)
         if effort not in EFFORTS:
             raise ValueError(f"effort={effort!r}: must be one of {EFFORTS}")
-        tasks, seen = [], set()
+        tasks, seen, answers = [], set(), Counter()
+        cap = None if self.max_answer_share is None else max(1, math.floor(self.max_answer_share * n))
         for index in range(n):
             for attempt in range(1000):
                 content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"), split)
                 identity = content and task_identity(content)
-                if identity and identity not in seen:
+                answer = question_answer(content) if cap and content else None
+                if identity and identity not in seen and not (answer is not None and answers[answer] >= cap):
                     break
             else:
                 raise RuntimeError(f"could not generate agent task {index} for seed {seed}; loosen the knobs")
             seen.add(identity)
+            answers[answer] += 1
             tasks.append(self._task(content, identity, split, effort))
         return tasks
 
@@ -240,6 +250,15 @@ class AgentEnv:
         session = _Session(self, task)
         FAMILIES[task.meta["family"]].solve(session, task.meta["goal"])
         return session.episode.turns
+
+
+def question_answer(content: dict[str, Any]) -> int | None:
+    """A question task's true answer; None for a task that changes the database."""
+    conn = open_plain(build_database(content["db"]))
+    try:
+        return FAMILIES[content["family"]].apply(conn, content["goal"])
+    finally:
+        conn.close()
 
 
 def explain(error: sqlite3.Error) -> str:
