@@ -335,7 +335,8 @@ def test_order_diff_subtracts_on_paper_the_first_step_at_high_and_every_step_at_
 
 def test_max_answer_share_caps_how_many_questions_one_answer_answers():
     """order_diff's differences lean to 1 (more than half of a split's draws); with the cap no answer answers more
-    than its share of a draw, the draw stays deterministic, and no cap leaves the draws as they were."""
+    than its share of any prefix of a draw, a shorter draw is the start of a longer one (the bench takes the first n
+    distinct tasks of a longer draw), and no cap leaves the draws as they were."""
     from collections import Counter
 
     from mopd.envs.agent.env import question_answer
@@ -346,6 +347,7 @@ def test_max_answer_share_caps_how_many_questions_one_answer_answers():
     assert Counter(question_answer(t.meta) for t in skewed).most_common(1)[0][1] > 8  # the skew the cap is for
     assert Counter(question_answer(t.meta) for t in capped).most_common(1)[0][1] <= 8
     assert [t.id for t in capped] == [t.id for t in capped_env.sample(32, 1001, "test", "max")]
+    assert [t.id for t in capped_env.sample(16, 1001, "test", "max")] == [t.id for t in capped[:16]]
     assert [t.id for t in AgentEnv(families=["order_diff"], max_lookups=3, max_answer_share=None).sample(32, 1001, "test", "max")] == [
         t.id for t in skewed
     ]

@@ -92,8 +92,10 @@ class AgentEnv:
         if effort not in EFFORTS:
             raise ValueError(f"effort={effort!r}: must be one of {EFFORTS}")
         tasks, seen, answers = [], set(), Counter()
-        cap = None if self.max_answer_share is None else max(1, math.floor(self.max_answer_share * n))
         for index in range(n):
+            # a cap on every prefix of the draw, so that a draw of n is the start of a longer one (the bench takes
+            # the first n distinct tasks of a longer draw)
+            cap = None if self.max_answer_share is None else math.ceil(self.max_answer_share * (index + 1))
             for attempt in range(1000):
                 content = self._generate(random.Random(f"agent/{split}/{seed}/{index}/{attempt}"), split)
                 identity = content and task_identity(content)
