@@ -60,7 +60,7 @@ def release_freed_memory() -> bool:
     glibc keeps much of what a finished stage freed: its threshold for mapping blocks afresh rises to the largest block
     freed, so later blocks come from heaps it trims only at their top (or, after `keep_freed_memory`, never). A
     pipeline that trains a base in-process and then starts teachers in Ray actors would otherwise hold the base's
-    peak beside them (~9 GB of a 24 GB machine for SmolLM2's warm-up). Returns whether it applied (False off glibc)."""
+    peak beside them (on a 24 GB machine, Ray's memory monitor then killed a SmolLM2 teacher). Returns whether it applied (False off glibc)."""
     gc.collect()
     libc = ctypes.util.find_library("c")
     if libc is None or platform.libc_ver()[0] != "glibc":

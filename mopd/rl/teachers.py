@@ -143,7 +143,7 @@ class TeacherWorker:
             return run_teacher(recipe, spec, init, out_dir)
         finally:
             # the next cell starts beside this worker's idle memory, not its last cell's peak (SmolLM2: a worker
-            # held 12.5 GB in its third cell when Ray's memory monitor killed its neighbour on a 24 GB machine)
+            # in its third cell held enough that Ray's memory monitor killed its neighbour on a 24 GB machine)
             release_freed_memory()
 
 
